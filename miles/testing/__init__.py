@@ -1,0 +1,1 @@
+"""The recipe test harness, a pytest plugin (see docs/testing.md)."""
