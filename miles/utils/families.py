@@ -1,0 +1,81 @@
+"""Torch-free facts about each model family.
+
+The validator needs these (which family a checkpoint is, where Wan2.2 switches experts) without
+importing torch; `miles.models.registry` adds the diffusers classes on top of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+FAMILY_NAMES = ("sd3", "qwen_image", "wan2_2", "ltx", "cosmos3")
+
+_ATTENTION = ("to_q", "to_k", "to_v", "to_out.0")
+
+
+@dataclass(frozen=True)
+class FamilyFacts:
+    name: str
+    name_patterns: tuple[str, ...]  # lower-case substrings of a checkpoint path that select it
+    is_video: bool
+    guided: bool  # trains with classifier-free guidance
+    transformer_components: tuple[str, ...]
+    default_shift: float  # sigma shift of the flow-matching schedule
+    default_sde_type: str
+    lora_target_modules: tuple[str, ...]
+    boundary_ratio: float | None = None  # Wan2.2: `transformer` owns t >= ratio * num_train_timesteps
+
+    @property
+    def num_experts(self) -> int:
+        return len(self.transformer_components)
+
+
+FAMILIES: dict[str, FamilyFacts] = {
+    f.name: f
+    for f in (
+        FamilyFacts("sd3", ("sd3", "stable-diffusion-3", "stable_diffusion_3"), False, True,
+                    ("transformer",), 3.0, "sde", _ATTENTION + ("add_q_proj", "add_k_proj", "add_v_proj", "to_add_out")),
+        FamilyFacts("qwen_image", ("qwen-image", "qwen_image", "qwenimage"), False, True,
+                    ("transformer",), 3.0, "sde", _ATTENTION + ("add_q_proj", "add_k_proj", "add_v_proj", "to_add_out")),
+        FamilyFacts("wan2_2", ("wan2.2", "wan2_2", "wan22", "wan-2.2"), True, True,
+                    ("transformer", "transformer_2"), 12.0, "sde", _ATTENTION + ("ffn.net.0.proj", "ffn.net.2"),
+                    boundary_ratio=0.875),
+        FamilyFacts("ltx", ("ltx",), True, False, ("transformer",), 3.0, "cps", _ATTENTION),
+        FamilyFacts("cosmos3", ("cosmos3", "cosmos-3", "cosmos"), False, True, ("transformer",), 3.0, "sde", _ATTENTION),
+    )
+}
+
+
+class UnknownFamilyError(ValueError):
+    pass
+
+
+def get_family_facts(name: str) -> FamilyFacts:
+    try:
+        return FAMILIES[name]
+    except KeyError:
+        raise UnknownFamilyError(
+            f"unknown model family {name!r}; choose one of {', '.join(FAMILY_NAMES)}"
+        ) from None
+
+
+def match_family(checkpoint: str) -> str | None:
+    """The family whose name pattern occurs in a checkpoint path or name, or None."""
+    lowered = checkpoint.lower()
+    for facts in FAMILIES.values():
+        if any(pattern in lowered for pattern in facts.name_patterns):
+            return facts.name
+    return None
+
+
+def resolve_family(explicit: str | None, checkpoint: str | None) -> str:
+    """`--diffusion-model-family` if given, else matched from the checkpoint's name."""
+    if explicit:
+        return get_family_facts(explicit).name
+    matched = match_family(checkpoint or "")
+    if matched is None:
+        raise UnknownFamilyError(
+            f"cannot tell the model family from --hf-checkpoint {checkpoint!r}; "
+            f"pass --diffusion-model-family (one of {', '.join(FAMILY_NAMES)})"
+        )
+    return matched
