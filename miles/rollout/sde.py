@@ -1,0 +1,110 @@
+"""One denoising step of the flow-matching sampler and its log-probability (DESIGN section 5).
+
+This is the only copy of the step math: the sampler calls it to move forward, the trainer calls
+it with `x_next=` to recompute the log-prob of a stored step under new weights.
+
+Conventions: `x_t = (1 - s) x0 + s e`, the model predicts the velocity `v`, and a step goes from
+`sigma` to `sigma_next < sigma` (`dt = sigma_next - sigma < 0`). Everything is computed in fp32.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+SDE_TYPES = ("sde", "ode", "cps")
+
+
+@dataclass
+class StepResult:
+    x_next: torch.Tensor  # [B, ...]
+    mean: torch.Tensor  # [B, ...] mean of the step's Gaussian
+    std: torch.Tensor  # [B, 1, ...] standard deviation of x_next around `mean` (0 for ode)
+    log_prob: torch.Tensor  # [B] log-density of x_next, averaged over the non-batch dims
+
+
+def largest_sigma_below_one(sigmas) -> float:
+    """The value that replaces s == 1 in the SDE std's denominator (keeps it finite)."""
+    below = [float(s) for s in sigmas if float(s) < 1.0]
+    if not below:
+        raise ValueError("the schedule has no sigma below 1")
+    return max(below)
+
+
+def _per_sample(value, x: torch.Tensor) -> torch.Tensor:
+    """A float or [B] tensor as fp32 [B, 1, 1, ...] broadcastable against x."""
+    t = torch.as_tensor(value, dtype=torch.float32, device=x.device)
+    if t.ndim == 0:
+        t = t.expand(x.shape[0])
+    return t.reshape(x.shape[0], *([1] * (x.ndim - 1)))
+
+
+def _mean_over_non_batch(t: torch.Tensor) -> torch.Tensor:
+    return t.mean(dim=tuple(range(1, t.ndim)))
+
+
+def sde_step(
+    x: torch.Tensor,
+    v: torch.Tensor,
+    sigma,
+    sigma_next,
+    noise_level: float,
+    sde_type: str,
+    noise: torch.Tensor | None = None,
+    x_next: torch.Tensor | None = None,
+    *,
+    sigma_max: float | None = None,
+) -> StepResult:
+    """Step x from sigma to sigma_next with velocity v.
+
+    `noise` is the standard normal draw (drawn here if None); `x_next`, when given, is a stored
+    next state whose log-prob is wanted, and is returned unchanged. `sigma_max` is the largest
+    sigma < 1 of the schedule (see `largest_sigma_below_one`); the sde type needs it whenever
+    sigma == 1, which is step 0 of every schedule.
+    """
+    if sde_type not in SDE_TYPES:
+        raise ValueError(f"unknown sde_type {sde_type!r}; choose one of {', '.join(SDE_TYPES)}")
+    x = x.float()
+    v = v.float()
+    s = _per_sample(sigma, x)
+    s_next = _per_sample(sigma_next, x)
+    dt = s_next - s
+
+    if sde_type == "ode":
+        mean = x + v * dt
+        std = torch.zeros_like(s)
+        out = mean if x_next is None else x_next.float()
+        return StepResult(out, mean, std, torch.zeros(x.shape[0], device=x.device))
+
+    if sde_type == "sde":
+        if bool((s >= 1.0).any()):
+            if sigma_max is None:
+                raise ValueError("sde_step at sigma == 1 needs sigma_max (the largest sigma < 1 of the schedule)")
+            denominator = 1.0 - torch.where(s >= 1.0, torch.full_like(s, sigma_max), s)
+        else:
+            denominator = 1.0 - s
+        std_t = noise_level * torch.sqrt(s / denominator)
+        mean = x * (1 + std_t**2 / (2 * s) * dt) + v * (1 + std_t**2 * (1 - s) / (2 * s)) * dt
+        std = std_t * torch.sqrt(-dt)
+    else:  # cps: coefficients-preserving sampling, std from sigma_next
+        std = s_next * math.sin(noise_level * math.pi / 2)
+        x0_pred = x - s * v
+        noise_pred = x + (1 - s) * v
+        mean = x0_pred * (1 - s_next) + noise_pred * torch.sqrt(s_next**2 - std**2)
+
+    if x_next is None:
+        if noise is None:
+            noise = torch.randn_like(x)
+        x_next = mean + std * noise.float()
+    else:
+        x_next = x_next.float()
+
+    # the sample is data, not a function of the weights: only the mean carries gradient
+    diff = x_next.detach() - mean
+    if sde_type == "sde":
+        log_density = -(diff**2) / (2 * std**2) - torch.log(std) - math.log(math.sqrt(2 * math.pi))
+    else:
+        log_density = -(diff**2)
+    return StepResult(x_next, mean, std, _mean_over_non_batch(log_density))
