@@ -1,0 +1,158 @@
+"""Prompt data read from JSONL: `--prompt-data`, `--input-key`, `--metadata-key`.
+
+Each line is one JSON object; `record[input_key]` is the prompt and `record[metadata_key]`, when
+present, a dict handed to the sampler and the rewards (for example `{"rm_type": "ocr",
+"text": "HELLO"}`). The dataset walks epochs in an order fixed by a seed, hands out batches of
+`--rollout-batch-size` prompts, and saves its position with the checkpoint so a resumed run
+draws exactly the prompts it would have drawn.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+class PromptDataError(ValueError):
+    """A prompt file that cannot be used; the message names the file and, where known, the line."""
+
+
+@dataclass(frozen=True)
+class PromptItem:
+    prompt: str
+    metadata: dict[str, Any] = field(default_factory=dict)
+    index: int = 0  # position of the prompt in the file, 0-based
+
+
+def _parse_line(text: str, where: str, index: int, input_key: str, metadata_key: str) -> PromptItem:
+    try:
+        record = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise PromptDataError(f"{where}: malformed JSON ({err.msg} at column {err.colno})") from None
+    if not isinstance(record, dict):
+        raise PromptDataError(f"{where}: expected a JSON object, got {type(record).__name__}")
+    if input_key not in record:
+        raise PromptDataError(
+            f"{where}: missing input key {input_key!r} (keys: {', '.join(sorted(record)) or 'none'}); "
+            f"set --input-key"
+        )
+    prompt = record[input_key]
+    if not isinstance(prompt, str):
+        raise PromptDataError(f"{where}: {input_key!r} must be a string, got {type(prompt).__name__}")
+    metadata = record.get(metadata_key) or {}
+    if not isinstance(metadata, dict):
+        raise PromptDataError(f"{where}: {metadata_key!r} must be an object, got {type(metadata).__name__}")
+    return PromptItem(prompt=prompt, metadata=metadata, index=index)
+
+
+def read_prompt_file(path: str | Path, input_key: str = "prompt", metadata_key: str = "metadata") -> list[PromptItem]:
+    """Every prompt of a JSONL file, in file order; blank lines are skipped."""
+    path = Path(path)
+    if not path.is_file():
+        raise PromptDataError(f"{path}: prompt file not found (--prompt-data)")
+    items: list[PromptItem] = []
+    with path.open(encoding="utf-8") as handle:
+        for line_number, text in enumerate(handle, start=1):
+            if text.strip():
+                items.append(_parse_line(text, f"{path}:{line_number}", len(items), input_key, metadata_key))
+    if not items:
+        raise PromptDataError(f"{path}: no prompts in the file")
+    return items
+
+
+class PromptDataset:
+    """Batches of prompts over epochs, each epoch in an order fixed by `seed` and the epoch number."""
+
+    def __init__(
+        self,
+        items: list[PromptItem],
+        *,
+        seed: int = 42,
+        shuffle: bool = False,
+        source: str = "<memory>",
+    ) -> None:
+        if not items:
+            raise PromptDataError(f"{source}: no prompts")
+        self.items = list(items)
+        self.seed = seed
+        self.shuffle = shuffle
+        self.source = source
+        self.epoch = 0
+        self.offset = 0  # prompts of the current epoch already handed out
+        self._order = self.epoch_order(0)
+
+    @classmethod
+    def from_jsonl(
+        cls, path: str | Path, input_key: str = "prompt", metadata_key: str = "metadata", *,
+        seed: int = 42, shuffle: bool = False,
+    ) -> "PromptDataset":
+        items = read_prompt_file(path, input_key, metadata_key)
+        return cls(items, seed=seed, shuffle=shuffle, source=str(path))
+
+    @classmethod
+    def from_args(cls, args: Any, path: str | Path | None = None) -> "PromptDataset":
+        """The training prompts from the trainer's flags (`path` overrides `--prompt-data`, e.g. for eval)."""
+        path = path if path is not None else getattr(args, "prompt_data", None)
+        if not path:
+            raise PromptDataError("no prompt file: pass --prompt-data")
+        return cls.from_jsonl(
+            path,
+            getattr(args, "input_key", None) or "prompt",
+            getattr(args, "metadata_key", None) or "metadata",
+            seed=getattr(args, "rollout_seed", 42),
+            shuffle=bool(getattr(args, "rollout_shuffle", False)),
+        )
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, index: int) -> PromptItem:
+        return self.items[index]
+
+    def epoch_order(self, epoch: int) -> list[int]:
+        order = list(range(len(self.items)))
+        if self.shuffle:
+            # A fresh generator per epoch makes the order a function of (seed, epoch) alone,
+            # which is what lets load_state_dict() restore it without replaying earlier epochs.
+            random.Random(f"{self.seed}:{epoch}").shuffle(order)
+        return order
+
+    def batches_per_epoch(self, batch_size: int) -> int:
+        """Rollouts that cover one epoch (the last may spill into the next epoch)."""
+        return -(-len(self.items) // batch_size)
+
+    def next_batch(self, batch_size: int) -> list[PromptItem]:
+        """The next `batch_size` prompts; a batch that runs past the end continues in the next epoch."""
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        batch: list[PromptItem] = []
+        while len(batch) < batch_size:
+            if self.offset == len(self._order):
+                self._start_epoch(self.epoch + 1)
+            take = min(batch_size - len(batch), len(self._order) - self.offset)
+            batch.extend(self.items[i] for i in self._order[self.offset:self.offset + take])
+            self.offset += take
+        return batch
+
+    def _start_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+        self.offset = 0
+        self._order = self.epoch_order(epoch)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "offset": self.offset, "seed": self.seed,
+                "shuffle": self.shuffle, "num_prompts": len(self.items)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("num_prompts", len(self.items)) != len(self.items):
+            raise PromptDataError(
+                f"{self.source}: checkpoint was saved with {state['num_prompts']} prompts, "
+                f"the file now has {len(self.items)}"
+            )
+        self.seed = state.get("seed", self.seed)
+        self.shuffle = state.get("shuffle", self.shuffle)
+        self._start_epoch(int(state["epoch"]))
+        self.offset = int(state["offset"])
