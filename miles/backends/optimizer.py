@@ -1,0 +1,52 @@
+"""AdamW, its learning-rate schedule and gradient clipping."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+LR_DECAY_STYLES = ("constant", "linear", "cosine")
+
+
+def build_optimizer(params: list[torch.nn.Parameter], args) -> torch.optim.AdamW:
+    # foreach=False keeps the update the same sequence of ops on every run and rank count
+    return torch.optim.AdamW(
+        params,
+        lr=args.lr,
+        betas=(args.adam_beta1, args.adam_beta2),
+        eps=args.adam_eps,
+        weight_decay=args.weight_decay,
+        foreach=False,
+    )
+
+
+def learning_rate(
+    step: int, *, lr: float, min_lr: float, warmup_steps: int, total_steps: int | None, decay_style: str
+) -> float:
+    """The LR for optimizer step `step` (0-based): linear warmup, then decay to min_lr at total_steps."""
+    if decay_style not in LR_DECAY_STYLES:
+        raise ValueError(f"unknown --lr-decay-style {decay_style!r}; choose one of {', '.join(LR_DECAY_STYLES)}")
+    if warmup_steps > 0 and step < warmup_steps:
+        return lr * (step + 1) / warmup_steps
+    if decay_style == "constant" or not total_steps or total_steps <= warmup_steps:
+        return lr
+    progress = min(1.0, (step - warmup_steps) / (total_steps - warmup_steps))
+    if decay_style == "linear":
+        return lr + (min_lr - lr) * progress
+    return min_lr + (lr - min_lr) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def set_learning_rate(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+
+
+def clip_gradients(params: list[torch.nn.Parameter], max_norm: float) -> float:
+    """Clip in place; returns the total norm before clipping. max_norm <= 0 only measures."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return 0.0
+    if max_norm > 0:
+        return float(torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=False))
+    return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])))

@@ -1,0 +1,120 @@
+"""Loss math against values worked out by hand."""
+
+import math
+
+import pytest
+import torch
+
+from miles.backends.loss import (
+    PolicyLossInputs,
+    compute_advantages,
+    gaussian_mean_kl,
+    load_custom_loss,
+    nft_loss,
+    nft_optimality,
+    policy_loss,
+    sft_loss,
+)
+
+EPS = 1e-4  # Flow-GRPO's std guard
+
+
+def test_advantages_are_normalised_within_each_prompt_group():
+    adv = compute_advantages(torch.tensor([1.0, 3.0, 2.0, 2.0]), 2)
+    # group (1, 3): mean 2, population std 1; group (2, 2): no spread, so zero advantage
+    assert torch.allclose(adv, torch.tensor([-1 / (1 + EPS), 1 / (1 + EPS), 0.0, 0.0]))
+
+
+def test_advantages_globalized_use_batch_mean_and_std():
+    adv = compute_advantages(torch.tensor([1.0, 3.0, 2.0, 2.0]), 2, globalize_mean=True, globalize_std=True)
+    std = math.sqrt(0.5)
+    assert torch.allclose(adv, torch.tensor([-1, 1, 0, 0]) / (std + EPS))
+
+
+def test_advantages_global_mean_with_group_std():
+    adv = compute_advantages(torch.tensor([0.0, 2.0, 4.0, 4.0]), 2, globalize_mean=True)
+    # batch mean 2.5; group stds 1 and 0
+    assert torch.allclose(adv, torch.tensor([-2.5 / (1 + EPS), -0.5 / (1 + EPS), 1.5 / EPS, 1.5 / EPS]).clamp(-5, 5))
+
+
+def test_advantages_single_sample_per_prompt_skip_std_normalisation():
+    assert torch.equal(compute_advantages(torch.tensor([1.0, 3.0]), 1), torch.zeros(2))
+    adv = compute_advantages(torch.tensor([1.0, 3.0]), 1, globalize_mean=True, globalize_std=True)
+    assert torch.equal(adv, torch.tensor([-1.0, 1.0]))  # divided by nothing, though the std is 1 here too
+    adv = compute_advantages(torch.tensor([0.0, 4.0]), 1, globalize_mean=True)
+    assert torch.equal(adv, torch.tensor([-2.0, 2.0]))
+
+
+def test_advantages_are_clamped():
+    adv = compute_advantages(torch.tensor([1.0, 3.0]), 2, adv_clip_max=0.5)
+    assert torch.equal(adv, torch.tensor([-0.5, 0.5]))
+
+
+def _inputs(new, old, adv, **kw):
+    b = len(new)
+    return PolicyLossInputs(
+        log_prob=torch.tensor(new, requires_grad=True), old_log_prob=torch.tensor(old),
+        advantages=torch.tensor(adv), mean=kw.get("mean", torch.zeros(b, 2)),
+        std=kw.get("std", torch.ones(b, 1)), ref_mean=kw.get("ref_mean"),
+    )
+
+
+def test_policy_loss_clips_the_ratio_on_the_side_that_helps():
+    inputs = _inputs([0.1, 0.0], [0.0, 0.0], [1.0, -1.0])
+    loss, metrics = policy_loss(inputs, clip_range=0.05)
+    # pair 0: ratio e^0.1 = 1.105, A = 1: max(-1.105, -1.05) = -1.05; pair 1: ratio 1, A = -1: 1
+    assert loss.item() == pytest.approx((-1.05 + 1.0) / 2, abs=1e-6)
+    assert metrics["ppo_clipfrac"].item() == 0.5
+    loss.backward()
+    # the clipped pair passes no gradient; the other: d/dlogp (-A e^(logp - old)) / 2 = 0.5
+    assert torch.allclose(inputs.log_prob.grad, torch.tensor([0.0, 0.5]))
+
+
+def test_policy_loss_keeps_the_unclipped_term_when_it_is_worse():
+    inputs = _inputs([0.1], [0.0], [-1.0])
+    loss, _ = policy_loss(inputs, clip_range=0.05)
+    assert loss.item() == pytest.approx(math.exp(0.1), abs=1e-6)  # max(1.105, 1.05)
+
+
+def test_policy_loss_adds_the_kl_to_the_reference():
+    inputs = _inputs([0.0], [0.0], [0.0], mean=torch.tensor([[1.0, 2.0]]),
+                     ref_mean=torch.zeros(1, 2), std=torch.tensor([[0.5]]))
+    loss, metrics = policy_loss(inputs, clip_range=0.05, kl_beta=0.1)
+    # mean((1, 4)) / (2 * 0.25) = 5
+    assert metrics["kl_loss"].item() == pytest.approx(5.0)
+    assert loss.item() == pytest.approx(0.5)
+
+
+def test_policy_loss_with_kl_needs_a_reference():
+    with pytest.raises(ValueError, match="reference"):
+        policy_loss(_inputs([0.0], [0.0], [0.0]), clip_range=0.05, kl_beta=0.1)
+
+
+def test_gaussian_mean_kl_averages_per_pair_with_its_own_std():
+    kl = gaussian_mean_kl(torch.tensor([[1.0], [1.0]]), torch.zeros(2, 1), torch.tensor([[1.0], [0.5]]))
+    assert kl.item() == pytest.approx((0.5 + 2.0) / 2)
+
+
+def test_nft_loss_pulls_the_positive_policy_on_good_and_the_negative_on_bad_samples():
+    v_new, v_old, target = torch.tensor([[2.0]]), torch.tensor([[1.0]]), torch.tensor([[0.0]])
+    good, _ = nft_loss(v_new, v_old, target, torch.tensor([1.0]), beta=0.5)
+    bad, _ = nft_loss(v_new, v_old, target, torch.tensor([0.0]), beta=0.5)
+    assert good.item() == pytest.approx(1.5**2)  # v+ = 0.5 * 1 + 0.5 * 2
+    assert bad.item() == pytest.approx(0.5**2)  # v- = 1.5 * 1 - 0.5 * 2
+
+
+def test_nft_optimality_maps_clamped_advantage_to_unit_interval():
+    r = nft_optimality(torch.tensor([-10.0, -2.5, 0.0, 5.0]), adv_clip_max=5.0)
+    assert torch.equal(r, torch.tensor([0.0, 0.25, 0.5, 1.0]))
+
+
+def test_sft_loss_regresses_the_flow_matching_velocity():
+    loss, _ = sft_loss(torch.tensor([[1.0, 1.0]]), x0=torch.tensor([[1.0, 0.0]]), noise=torch.zeros(1, 2))
+    assert loss.item() == pytest.approx((4 + 1) / 2)  # target e - x0 = (-1, 0)
+
+
+def test_custom_loss_loads_from_both_path_forms():
+    assert load_custom_loss("math:sqrt") is math.sqrt
+    assert load_custom_loss("math.sqrt") is math.sqrt
+    with pytest.raises(ValueError, match="not a function"):
+        load_custom_loss("math:pi")
