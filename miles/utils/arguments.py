@@ -17,7 +17,7 @@ from miles.utils.families import FAMILY_NAMES
 from miles.utils.validation import ConfigError, compute_batch_plan, validate_args
 
 __all__ = [
-    "BatchPlan", "ConfigError", "build_parser", "compute_batch_plan", "parse_args",
+    "BatchPlan", "ConfigError", "build_parser", "compute_batch_plan", "parse_and_plan", "parse_args",
     "parse_command_line", "validate_args", "validate_argv",
 ]
 
@@ -410,24 +410,26 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
     argparse errors (unknown flag, bad value) exit with status 2 as argparse does.
     """
+    return parse_and_plan(argv)[0]
+
+
+def parse_and_plan(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, BatchPlan]:
     parser = build_parser()
     namespace = parser.parse_args(list(argv) if argv is not None else None)
     if namespace.custom_config_path:
         apply_config_file(parser, namespace, namespace.custom_config_path)
-    validate_args(namespace)
-    return namespace
+    return namespace, validate_args(namespace)
 
 
 def validate_argv(argv: Sequence[str]) -> BatchPlan:
     """The harness's in-process check of a recipe's argv: the plan, or ConfigError."""
-    return compute_batch_plan(parse_args(argv))
+    return parse_and_plan(argv)[1]
 
 
 def parse_command_line(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, BatchPlan]:
     """train_diffusion.py's parse step: exits 0 after --help/--validate-only, 1 on a ConfigError."""
     try:
-        namespace = parse_args(argv)
-        plan = compute_batch_plan(namespace)
+        namespace, plan = parse_and_plan(argv)
     except ConfigError as error:
         print(f"train_diffusion.py: error: {error}", file=sys.stderr)
         raise SystemExit(1) from None

@@ -1,0 +1,298 @@
+"""The batch-arithmetic rules and the batch plan they imply. Torch-free.
+
+Every rule raises `ConfigError` with one line that names the values and the fix. The plan is
+computed by walking the same pair functions (`miles.utils.batching`) the trainer walks, for every
+DP rank and optimizer step, so a layout the plan accepts is the layout that gets trained.
+"""
+
+from __future__ import annotations
+
+import re
+from argparse import Namespace
+
+from miles.utils.batching import (
+    BatchLayoutError, BatchPlan, MicroBatchSpec, expand_pairs, micro_batches, shard_pairs, split_steps,
+)
+from miles.utils.families import FamilyFacts, UnknownFamilyError, get_family_facts, resolve_family
+from miles.utils.schedule import expert_index_for_step, sigma_schedule
+
+BUILTIN_STEP_STRATEGIES = ("sde_window", "epoch_global_random_choice")
+DOTTED_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*([.:][A-Za-z_]\w*)$")
+
+
+class ConfigError(ValueError):
+    """A flag combination that cannot run; the message is one line with the fix."""
+
+
+# ---- facts derived from the flags, without mutating the namespace ----
+
+def family_of(ns: Namespace) -> FamilyFacts:
+    try:
+        return get_family_facts(resolve_family(ns.diffusion_model_family, ns.hf_checkpoint))
+    except UnknownFamilyError as error:
+        raise ConfigError(str(error)) from None
+
+
+def num_trained_steps(ns: Namespace) -> int:
+    return ns.diffusion_num_sde_steps or ns.diffusion_num_steps
+
+
+def train_gpus(ns: Namespace) -> int:
+    return ns.actor_num_nodes * ns.actor_num_gpus_per_node
+
+
+def dp_size_of(ns: Namespace) -> int:
+    world = train_gpus(ns)
+    if world % ns.sequence_parallel_size:
+        raise ConfigError(
+            f"train ranks={world} (--actor-num-nodes {ns.actor_num_nodes} x --actor-num-gpus-per-node "
+            f"{ns.actor_num_gpus_per_node}) not divisible by --sequence-parallel-size "
+            f"{ns.sequence_parallel_size}; fix: make the sequence-parallel size divide the train ranks"
+        )
+    return world // ns.sequence_parallel_size
+
+
+def samples_per_rollout(ns: Namespace) -> int:
+    return ns.rollout_batch_size * ns.n_samples_per_prompt
+
+
+def _samples_text(ns: Namespace) -> str:
+    return (f"samples per rollout={samples_per_rollout(ns)} (--rollout-batch-size {ns.rollout_batch_size} "
+            f"x --n-samples-per-prompt {ns.n_samples_per_prompt})")
+
+
+def derive_batch_sizes(ns: Namespace) -> tuple[int, int]:
+    """(global_batch_size, num_steps_per_rollout): the unset one derived from the other."""
+    samples = samples_per_rollout(ns)
+    gbs, steps = ns.global_batch_size, ns.num_steps_per_rollout
+    if gbs is not None and steps is not None:
+        if gbs * steps != samples:
+            raise ConfigError(
+                f"--global-batch-size {gbs} x --num-steps-per-rollout {steps} = {gbs * steps} contradicts "
+                f"{_samples_text(ns)}; fix: set only one of the two, or make the product {samples}"
+            )
+        return gbs, steps
+    if gbs is not None:
+        if samples % gbs:
+            raise ConfigError(
+                f"{_samples_text(ns)} not divisible by --global-batch-size {gbs}; fix: pick a global "
+                f"batch size that divides {samples}, or set --num-steps-per-rollout instead"
+            )
+        return gbs, samples // gbs
+    return (samples if steps is None else samples / steps), (steps or 1)
+
+
+# ---- the batch plan ----
+
+def compute_batch_plan(ns: Namespace) -> BatchPlan:
+    """The batch plan of these flags, or ConfigError for any batch-arithmetic rule they break."""
+    family = family_of(ns)
+    _check_step_choice(ns)
+    dp_size = dp_size_of(ns)
+    gbs, steps_per_rollout = derive_batch_sizes(ns)
+    spec = micro_batch_spec(ns)
+    windows = _all_windows(ns, dp_size, steps_per_rollout)
+    gbs = _check_global_batch(ns, gbs, steps_per_rollout, dp_size)
+    forwards = _tile_all(windows, spec)
+    sigmas = tuple(sigma_schedule(ns.diffusion_num_steps, shift_of(ns, family)))
+    experts = _experts_per_step(family, sigmas, ns.diffusion_num_steps)
+    _check_phase_purity(ns, family, experts, forwards)
+    window = windows[0][0]
+    return BatchPlan(
+        family=family.name,
+        rollout_batch_size=ns.rollout_batch_size,
+        n_samples_per_prompt=ns.n_samples_per_prompt,
+        samples_per_rollout=samples_per_rollout(ns),
+        global_batch_size=gbs,
+        num_steps_per_rollout=steps_per_rollout,
+        num_denoising_steps=ns.diffusion_num_steps,
+        num_trained_steps=num_trained_steps(ns),
+        train_pairs=samples_per_rollout(ns) * num_trained_steps(ns),
+        dp_size=dp_size,
+        dp_split_mode=ns.train_dp_split_mode,
+        pairs_per_rank=len(window) * steps_per_rollout,
+        pairs_per_step_per_rank=len(window),
+        micro_batching=spec,
+        forwards_per_step=len(forwards[0][0]),
+        step_strategy=ns.diffusion_step_strategy_path,
+        trainable_steps=trainable_steps(ns),
+        sigmas=sigmas if experts else (),
+        experts=experts,
+    )
+
+
+def shift_of(ns: Namespace, family: FamilyFacts) -> float:
+    return ns.diffusion_shift if ns.diffusion_shift is not None else family.default_shift
+
+
+def micro_batch_spec(ns: Namespace) -> MicroBatchSpec:
+    tile = (ns.micro_batch_size_sample, ns.micro_batch_size_tstep)
+    if (tile[0] is None) != (tile[1] is None):
+        raise ConfigError(
+            f"--micro-batch-size-sample {tile[0]} and --micro-batch-size-tstep {tile[1]}: a 2D tile "
+            f"needs both; fix: set both, or neither to use the flat --micro-batch-size"
+        )
+    return MicroBatchSpec(size=ns.micro_batch_size, tile_samples=tile[0], tile_steps=tile[1],
+                          iter_order=ns.diffusion_train_iter_order)
+
+
+def _check_step_choice(ns: Namespace) -> None:
+    steps, trained = ns.diffusion_num_steps, num_trained_steps(ns)
+    if trained > steps:
+        raise ConfigError(
+            f"--diffusion-num-sde-steps {trained} > --diffusion-num-steps {steps}; fix: train at most "
+            f"{steps} steps per sample"
+        )
+    strategy, max_start = ns.diffusion_step_strategy_path, ns.diffusion_sde_window_max_start
+    if strategy != "sde_window" and max_start:
+        raise ConfigError(
+            f"--diffusion-sde-window-max-start {max_start} applies to the sde_window strategy only, "
+            f"not {strategy}; fix: drop it"
+        )
+    if strategy == "sde_window" and max_start + trained > steps:
+        raise ConfigError(
+            f"sde_window: --diffusion-sde-window-max-start {max_start} + --diffusion-num-sde-steps "
+            f"{trained} > --diffusion-num-steps {steps}; fix: lower the max start to {steps - trained}"
+        )
+    if strategy not in BUILTIN_STEP_STRATEGIES and not DOTTED_PATH.match(strategy):
+        raise ConfigError(
+            f"--diffusion-step-strategy-path {strategy!r} is neither "
+            f"{' nor '.join(BUILTIN_STEP_STRATEGIES)} nor a pkg.mod:fn / pkg.mod.fn path"
+        )
+
+
+def _all_windows(ns: Namespace, dp_size: int, steps_per_rollout: int) -> list[list[list]]:
+    """Every rank's optimizer-step windows, for trained steps named by their position 0..k-1.
+
+    The layout depends only on how many steps are trained, never on which ones.
+    """
+    pairs = expand_pairs(samples_per_rollout(ns), range(num_trained_steps(ns)))
+    try:
+        shards = [shard_pairs(pairs, dp_size, rank, ns.train_dp_split_mode) for rank in range(dp_size)]
+    except BatchLayoutError:
+        raise ConfigError(
+            f"train pairs={len(pairs)} ({_samples_text(ns)} x {num_trained_steps(ns)} trained steps) "
+            f"not divisible by dp_size={dp_size}; fix: adjust --rollout-batch-size, "
+            f"--n-samples-per-prompt or the train ranks"
+        ) from None
+    try:
+        return [split_steps(shard, steps_per_rollout) for shard in shards]
+    except BatchLayoutError as error:
+        raise ConfigError(
+            f"{error}; fix: adjust --rollout-batch-size, --n-samples-per-prompt or "
+            f"--num-steps-per-rollout so the pairs per rank split evenly into optimizer steps"
+        ) from None
+
+
+def _check_global_batch(ns: Namespace, gbs: float, steps_per_rollout: int, dp_size: int) -> int:
+    if gbs != int(gbs):
+        raise ConfigError(
+            f"{_samples_text(ns)} not divisible by --num-steps-per-rollout {steps_per_rollout}, so an "
+            f"optimizer step would hold {gbs:g} samples; fix: make num_steps_per_rollout divide "
+            f"{samples_per_rollout(ns)}"
+        )
+    if int(gbs) % dp_size:
+        raise ConfigError(
+            f"global_batch_size={int(gbs)} not divisible by dp_size={dp_size}; fix: adjust "
+            f"--global-batch-size / --num-steps-per-rollout or the train ranks so each rank gets "
+            f"whole samples per optimizer step"
+        )
+    return int(gbs)
+
+
+def _tile_all(windows: list[list[list]], spec: MicroBatchSpec) -> list[list[list[list]]]:
+    try:
+        forwards = [[micro_batches(window, spec) for window in rank] for rank in windows]
+    except BatchLayoutError as error:
+        raise ConfigError(f"{error}; fix: {_tiling_fix(spec)}") from None
+    counts = {len(step) for rank in forwards for step in rank}
+    if len(counts) != 1:
+        raise ConfigError(
+            f"optimizer steps would run different numbers of forwards ({sorted(counts)}); fix: "
+            f"{_tiling_fix(spec)}"
+        )
+    return forwards
+
+
+def _tiling_fix(spec: MicroBatchSpec) -> str:
+    if spec.is_2d:
+        return ("pick --micro-batch-size-sample / --micro-batch-size-tstep that divide the samples and "
+                "timesteps of each optimizer step (--train-dp-split-mode contiguous keeps steps whole), "
+                "or use the flat --micro-batch-size")
+    return "pick a --micro-batch-size that divides the pairs per optimizer step per rank"
+
+
+# ---- Wan2.2: one expert per forward ----
+
+def _experts_per_step(family: FamilyFacts, sigmas: tuple[float, ...], num_steps: int) -> tuple[str, ...]:
+    if family.boundary_ratio is None or family.num_experts < 2:
+        return ()
+    return tuple(family.transformer_components[expert_index_for_step(list(sigmas), step, family.boundary_ratio)]
+                 for step in range(num_steps))
+
+
+def high_noise_step_count(experts: tuple[str, ...]) -> int:
+    """Steps on the first expert; sigmas fall monotonically, so they are a prefix."""
+    return sum(1 for expert in experts if expert == experts[0]) if experts else 0
+
+
+def trainable_steps(ns: Namespace) -> tuple[int, ...]:
+    """Every denoising step that some choice the step strategy may make trains."""
+    if ns.diffusion_step_strategy_path == "sde_window":
+        return tuple(range(ns.diffusion_sde_window_max_start + num_trained_steps(ns)))
+    return tuple(range(ns.diffusion_num_steps))
+
+
+def candidate_step_sets(ns: Namespace) -> list[tuple[int, ...]] | None:
+    """The trained-step lists the strategy may choose, or None when there are too many to list."""
+    k = num_trained_steps(ns)
+    if ns.diffusion_step_strategy_path == "sde_window":
+        return [tuple(range(start, start + k)) for start in range(ns.diffusion_sde_window_max_start + 1)]
+    return None
+
+
+def _check_phase_purity(ns: Namespace, family: FamilyFacts, experts: tuple[str, ...], forwards) -> None:
+    boundary = high_noise_step_count(experts)
+    if not experts or boundary in (0, ns.diffusion_num_steps):
+        return
+    position_sets = {frozenset(pair.step for pair in forward)
+                     for rank in forwards for step in rank for forward in step}
+    for positions in sorted(position_sets, key=sorted):
+        mixed = _mixed_step_choice(ns, positions, boundary)
+        if mixed is not None:
+            raise ConfigError(
+                f"Micro-batch mixes denoising phases (Wan2.2): a forward would hold steps "
+                f"{list(mixed)} across the expert boundary at step {boundary} ({experts[0]} before, "
+                f"{experts[-1]} from there; {ns.diffusion_step_strategy_path}, "
+                f"{micro_batch_spec(ns).describe()}); fix: --micro-batch-size 1 or a phase-pure "
+                f"tiling (e.g. --micro-batch-size-sample S --micro-batch-size-tstep 1)"
+            )
+
+
+def _mixed_step_choice(ns: Namespace, positions: frozenset, boundary: int) -> tuple[int, ...] | None:
+    """Denoising steps of one forward that some allowed choice puts on both experts, else None."""
+    if len(positions) < 2:
+        return None
+    candidates = candidate_step_sets(ns)
+    if candidates is not None:
+        for steps in candidates:
+            chosen = tuple(steps[p] for p in sorted(positions))
+            if chosen[0] < boundary <= chosen[-1]:
+                return chosen
+        return None
+    return _mixed_any_subset(ns, positions, boundary)
+
+
+def _mixed_any_subset(ns: Namespace, positions: frozenset, boundary: int) -> tuple[int, ...] | None:
+    """Random or custom strategies: any ascending choice of k of the N steps may come up.
+
+    The earliest position sits before the boundary if enough steps lie before it, and the latest
+    after it if enough steps lie after it; for a custom strategy, whose order is unknown, any two
+    positions may straddle it.
+    """
+    k, steps = num_trained_steps(ns), ns.diffusion_num_steps
+    first, last = min(positions), max(positions)
+    ascending = ns.diffusion_step_strategy_path == "epoch_global_random_choice"
+    if ascending and not (first < boundary and k - last <= steps - boundary):
+        return None
+    return (boundary - 1, boundary)
