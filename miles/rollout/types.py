@@ -30,8 +30,8 @@ class Conditioning:
         return next(iter(self.positive.values())).shape[0]
 
     def select(self, index: int) -> "Conditioning":
-        """Sample `index` as a batch of one."""
-        pick = lambda d: None if d is None else {k: t[index : index + 1] for k, t in d.items()}  # noqa: E731
+        """Sample `index` as a batch of one (a copy: a pickled view would carry the whole batch)."""
+        pick = lambda d: None if d is None else {k: t[index : index + 1].clone() for k, t in d.items()}  # noqa: E731
         return Conditioning(pick(self.positive), pick(self.negative))
 
     @staticmethod

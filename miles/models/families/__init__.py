@@ -1,0 +1,1 @@
+"""One module per model family; `miles.models.registry` maps names to them."""

@@ -1,0 +1,83 @@
+"""What every family module provides: how to build its components, and how to call them.
+
+A family module describes its checkpoint (the components and their configs per size, so
+`create_checkpoint` can build them) and the three calls that differ between diffusers models:
+prompts -> conditioning tensors, one transformer forward, latents -> pixels. Everything else
+(guidance, batch invariance, the schedule) lives in `miles.models.loader`, once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from miles.utils.families import FamilyFacts, get_family_facts
+
+
+@dataclass(frozen=True)
+class ComponentSpec:
+    """One folder of a checkpoint: `library.class_name` built from `config`.
+
+    For transformers models `config_class` names the config class the dict is passed to; for a
+    tokenizer, class_name is PreTrainedTokenizerFast and config holds `model_max_length`.
+    """
+
+    library: str  # "diffusers" or "transformers"
+    class_name: str
+    config: dict[str, Any] = field(default_factory=dict)
+    config_class: str | None = None
+
+
+class FamilyModule:
+    name: str = ""
+    pipeline_class: str = ""  # the diffusers pipeline class that model_index.json names
+    other_pipeline_classes: tuple[str, ...] = ()  # released checkpoints that name another one
+    text_max_length: int = 77  # cap on prompt tokens; a real tokenizer's own limit applies too
+
+    @property
+    def facts(self) -> FamilyFacts:
+        return get_family_facts(self.name)
+
+    def components(self, size: str) -> dict[str, ComponentSpec]:
+        raise NotImplementedError
+
+    def encode(self, parts: dict[str, Any], prompts: list[str]) -> dict[str, torch.Tensor]:
+        """Conditioning tensors for the transformer, batch-first."""
+        raise NotImplementedError
+
+    def forward(self, transformer, x: torch.Tensor, sigma: torch.Tensor, cond: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The raw transformer output (the velocity) for latents x at noise level sigma ([B])."""
+        raise NotImplementedError
+
+    def latent_shape(self, parts: dict[str, Any], height: int, width: int, frames: int) -> tuple[int, ...]:
+        raise NotImplementedError
+
+    def decode(self, parts: dict[str, Any], latents: torch.Tensor) -> torch.Tensor:
+        """Latents [B, ...] -> images [B, 3, H, W] (or videos [B, F, 3, H, W]) in [0, 1]."""
+        raise NotImplementedError
+
+
+def tokenize(tokenizer, prompts: list[str], cap: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids and mask, padded to a fixed length so every prompt's tensors have one shape."""
+    max_length = min(cap, tokenizer.model_max_length)
+    enc = tokenizer(prompts, padding="max_length", max_length=max_length, truncation=True, return_tensors="pt")
+    return enc.input_ids.to(device), enc.attention_mask.to(device)
+
+
+def encode_with_mask(parts, prompts, cap, encoder="text_encoder", tokenizer="tokenizer"):
+    """Last hidden state with padding positions zeroed (as the Wan pipeline does), and the mask."""
+    text_encoder = parts[encoder]
+    ids, mask = tokenize(parts[tokenizer], prompts, cap, text_encoder.device)
+    out = text_encoder(input_ids=ids, attention_mask=mask, output_hidden_states=True)
+    hidden = out.hidden_states[-1] if out.hidden_states is not None else out.last_hidden_state
+    return hidden * mask.unsqueeze(-1).to(hidden.dtype), mask
+
+
+def to_unit_range(pixels: torch.Tensor) -> torch.Tensor:
+    return (pixels.float() / 2 + 0.5).clamp(0, 1)
+
+
+def timesteps(sigma: torch.Tensor, x: torch.Tensor, scale: float = 1000.0) -> torch.Tensor:
+    return (sigma * scale).to(device=x.device, dtype=x.dtype)

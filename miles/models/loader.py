@@ -1,0 +1,232 @@
+"""Load a diffusers-layout checkpoint (ours or a released one) into a `DiffusionModel`.
+
+`DiffusionModel.velocity` is the one forward both the rollout engine and the trainer call. It
+evaluates each sample on its own, prompt pass then negative pass, so its result for a sample
+does not depend on what else is in the batch or on whether autograd is recording: that is what
+lets the trainer's recomputation match the engine's rollout bit for bit.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+
+from miles.models.runtime import quiet_libraries
+from miles.models.registry import FamilySpec, detect_family, get_family
+from miles.rollout.types import Conditioning
+from miles.utils.families import get_family_facts
+from miles.utils.schedule import expert_index_for_step, sigma_schedule
+
+quiet_libraries()
+
+
+class CheckpointError(ValueError):
+    pass
+
+
+def _file_shapes(folder: Path) -> dict[str, tuple[int, ...]]:
+    shapes = {}
+    for file in sorted(folder.glob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as f:
+            for key in f.keys():
+                shapes[key] = tuple(f.get_slice(key).get_shape())
+    return shapes
+
+
+def _check_shapes(name: str, folder: Path, module: torch.nn.Module) -> None:
+    """Name the first tensor whose stored shape differs from what the config builds."""
+    expected = {k: tuple(v.shape) for k, v in module.state_dict().items()}
+    for key, shape in _file_shapes(folder).items():
+        if key in expected and expected[key] != shape:
+            raise CheckpointError(
+                f"component {name!r}: tensor {key!r} has shape {list(shape)} in {folder}, "
+                f"but its config.json builds {list(expected[key])}"
+            )
+
+
+def _load_component(name: str, library: str, class_name: str, folder: Path, dtype: torch.dtype):
+    try:
+        cls = getattr(importlib.import_module(library), class_name)
+    except (ImportError, AttributeError) as e:
+        raise CheckpointError(f"component {name!r}: cannot import {library}.{class_name}: {e}") from e
+    kwargs = {}
+    if issubclass(cls, torch.nn.Module):
+        # load straight into the wanted dtype; diffusers and transformers name the argument differently
+        kwargs = {"torch_dtype": dtype} if library == "diffusers" else {"dtype": dtype}
+    try:
+        loaded = cls.from_pretrained(str(folder), **kwargs)
+    except Exception as e:  # the libraries raise many kinds; say which component failed
+        shapes_hint = ""
+        if hasattr(cls, "from_config") or hasattr(cls, "config_class"):
+            shapes_hint = " (a tensor shape that does not match config.json is a common cause)"
+        raise CheckpointError(f"component {name!r} in {folder} failed to load{shapes_hint}: {e}") from e
+    if isinstance(loaded, torch.nn.Module):
+        _check_shapes(name, folder, loaded)
+        loaded.eval().requires_grad_(False)
+    return loaded
+
+
+def read_model_index(path: Path) -> dict[str, Any]:
+    index_file = path / "model_index.json"
+    if not index_file.is_file():
+        raise CheckpointError(f"{path} is not a diffusers checkpoint: model_index.json is missing")
+    return json.loads(index_file.read_text())
+
+
+class DiffusionModel:
+    def __init__(self, spec: FamilySpec, parts: dict[str, Any], path: Path, boundary_ratio: float | None,
+                 device: torch.device, dtype: torch.dtype):
+        self.spec = spec
+        self.family = spec.name
+        self.parts = parts
+        self.path = path
+        self.boundary_ratio = boundary_ratio
+        self.device = device
+        self.dtype = dtype
+        self.transformers: dict[str, torch.nn.Module] = {n: parts[n] for n in spec.transformer_components}
+        self.text_encoders = {n: m for n, m in parts.items() if n.startswith("text_encoder") and m is not None}
+        self.vae = parts["vae"]
+        self.scheduler = parts["scheduler"]
+
+    # -- conditioning -------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def encode_prompts(self, prompts: list[str], negative_prompt: str | list[str] | None = "") -> Conditioning:
+        """Prompt conditioning, with the negative prompt's when the family is guided."""
+        encode = lambda texts: {  # noqa: E731
+            k: v.to(self.dtype) if v.is_floating_point() else v
+            for k, v in self.spec.module.encode(self.parts, list(texts)).items()
+        }
+        negative = None
+        if self.spec.guided and negative_prompt is not None:
+            negatives = [negative_prompt] * len(prompts) if isinstance(negative_prompt, str) else negative_prompt
+            negative = encode(negatives)
+        return Conditioning(encode(prompts), negative)
+
+    # -- schedule -----------------------------------------------------------------------------
+
+    def sigmas(self, num_steps: int, shift: float | None = None) -> list[float]:
+        return sigma_schedule(num_steps, self.spec.default_shift if shift is None else shift)
+
+    def expert_for(self, sigma: float) -> str:
+        """The transformer component that denoises at this sigma (Wan2.2: high- vs low-noise)."""
+        index = expert_index_for_step([float(sigma)], 0, self.boundary_ratio)
+        return self.spec.transformer_components[index]
+
+    def expert_for_step(self, sigmas: list[float], step: int) -> str:
+        return self.spec.transformer_components[expert_index_for_step(sigmas, step, self.boundary_ratio)]
+
+    # -- the forward --------------------------------------------------------------------------
+
+    def velocity(self, x: torch.Tensor, sigma, cond: Conditioning, guidance_scale: float = 1.0,
+                 expert: str | None = None) -> torch.Tensor:
+        """Guided velocity for latents x [B, ...] at sigma (float or [B]); fp32 [B, ...].
+
+        `expert` picks the transformer component; None picks it per sample from sigma.
+        """
+        batch = x.shape[0]
+        sigmas = torch.as_tensor(sigma, dtype=torch.float32).reshape(-1).cpu()
+        if sigmas.numel() == 1:
+            sigmas = sigmas.expand(batch)
+        if cond.batch_size != batch:
+            raise ValueError(f"conditioning has batch {cond.batch_size}, latents {batch}")
+        guided = cond.negative is not None and guidance_scale != 1.0
+        outputs = []
+        for i in range(batch):
+            s = sigmas[i : i + 1].to(self.device)
+            name = expert or self.expert_for(float(s))
+            transformer = self.transformers[name]
+            xi = x[i : i + 1].to(device=self.device, dtype=self.dtype)
+            one = cond.select(i).to(self.device)
+            out = self.spec.module.forward(transformer, xi, s, one.positive).float()
+            if guided:
+                uncond = self.spec.module.forward(transformer, xi, s, one.negative).float()
+                out = uncond + guidance_scale * (out - uncond)
+            outputs.append(out)
+        return torch.cat(outputs)
+
+    # -- pixels -------------------------------------------------------------------------------
+
+    def latent_shape(self, height: int, width: int, frames: int = 1) -> tuple[int, ...]:
+        return self.spec.module.latent_shape(self.parts, height, width, frames)
+
+    @torch.no_grad()
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        """[B, ...] latents -> [B, 3, H, W] (video: [B, F, 3, H, W]) float in [0, 1], on the CPU."""
+        return torch.cat([
+            self.spec.module.decode(self.parts, latents[i : i + 1].to(self.device)).float().cpu()
+            for i in range(latents.shape[0])
+        ])
+
+    # -- weights ------------------------------------------------------------------------------
+
+    def apply_lora(self, rank: int, alpha: float | None = None, target_modules: list[str] | None = None,
+                   components: list[str] | None = None) -> None:
+        """Inject PEFT LoRA adapters (B = 0, so outputs are unchanged until weights arrive)."""
+        from peft import LoraConfig, inject_adapter_in_model
+
+        config = LoraConfig(r=rank, lora_alpha=alpha if alpha is not None else rank,
+                            target_modules=list(target_modules or self.spec.lora_target_modules))
+        for name in components or self.spec.transformer_components:
+            inject_adapter_in_model(config, self.transformers[name])
+            self.transformers[name].to(device=self.device, dtype=self.dtype).requires_grad_(False)
+
+    def load_weights(self, component: str, state_dict: dict[str, torch.Tensor]) -> None:
+        """Copy tensors into a component; a partial dict (e.g. only LoRA tensors) is fine.
+
+        Keys may carry PEFT's `base_model.model.` wrapper prefix. Unknown keys and shape
+        mismatches are errors, so a broken weight sync cannot pass silently.
+        """
+        module = self.parts.get(component)
+        if module is None:
+            raise KeyError(f"no component {component!r}; have {sorted(k for k, v in self.parts.items() if v is not None)}")
+        own = module.state_dict()
+        prefix = "base_model.model."
+        for key, value in state_dict.items():
+            target = key[len(prefix):] if key.startswith(prefix) else key
+            if target not in own:
+                raise KeyError(f"component {component!r} has no tensor {key!r}")
+            if tuple(own[target].shape) != tuple(value.shape):
+                raise ValueError(f"component {component!r}: tensor {key!r} has shape {list(value.shape)}, "
+                                 f"expected {list(own[target].shape)}")
+            with torch.no_grad():
+                own[target].copy_(value.to(own[target].dtype))
+
+
+def load_model(path: str | Path, family: str | None = None, device: str | torch.device = "cpu",
+               dtype: torch.dtype = torch.float32) -> DiffusionModel:
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"checkpoint directory {path} does not exist")
+    index = read_model_index(path)
+    detected = detect_family(path)
+    if family is not None and get_family_facts(family).name != detected:
+        raise CheckpointError(
+            f"checkpoint {path} is a {detected!r} checkpoint ({index.get('_class_name')}), "
+            f"but family {family!r} was requested"
+        )
+    spec = get_family(family or detected)
+    listed = {k: v for k, v in index.items() if not k.startswith("_") and isinstance(v, list)}
+    for name in spec.components:
+        if name not in listed or listed[name][0] is None:
+            raise CheckpointError(f"checkpoint {path} has no {name!r} component (model_index.json)")
+    parts: dict[str, Any] = {}
+    for name, (library, class_name) in sorted(listed.items()):
+        if library is None:
+            parts[name] = None
+            continue
+        folder = path / name
+        if not folder.is_dir():
+            raise CheckpointError(f"checkpoint {path} is missing component {name!r}: no folder {folder}")
+        parts[name] = _load_component(name, library, class_name, folder, dtype)
+    device = torch.device(device)
+    for part in parts.values():
+        if isinstance(part, torch.nn.Module):
+            part.to(device=device)
+    boundary = index.get("boundary_ratio", spec.boundary_ratio) if spec.boundary_ratio is not None else None
+    return DiffusionModel(spec, parts, path, boundary, device, dtype)

@@ -1,0 +1,35 @@
+"""Torch process settings that engines and train ranks must share for their forwards to agree."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+
+def configure_torch(deterministic: bool = False, num_threads: int | None = None) -> None:
+    """Call once per process before any model runs.
+
+    Engines and trainers use the same thread count: CPU kernels may split reductions by thread,
+    so a different count can change the last bits of a forward.
+    """
+    if num_threads is not None:
+        torch.set_num_threads(num_threads)
+        try:
+            torch.set_num_interop_threads(1)
+        except RuntimeError:  # only settable before the first parallel op; harmless if already set
+            pass
+    if deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
+        torch.backends.cudnn.deterministic = True
+        torch.backends.cudnn.benchmark = False
+
+
+def quiet_libraries() -> None:
+    """No progress bars from diffusers/transformers: engines and tests log to files."""
+    import diffusers
+    import transformers
+
+    diffusers.utils.logging.disable_progress_bar()
+    transformers.utils.logging.disable_progress_bar()

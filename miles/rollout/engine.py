@@ -1,0 +1,86 @@
+"""Rollout engines: a plain `RolloutEngine`, and `RolloutEngineActor`, its Ray wrapper.
+
+An engine owns one loaded checkpoint on one device, samples trajectories for requests, and takes
+weights from the trainer (full tensors or LoRA tensors, after `apply_lora`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from miles.models.loader import DiffusionModel, load_model
+from miles.models.runtime import configure_torch
+from miles.rollout import sampler
+from miles.rollout.types import SampleRequest, SamplingParams, Trajectory
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class RolloutEngine:
+    def __init__(self, checkpoint: str | Path, params: SamplingParams, family: str | None = None,
+                 device: str = "cpu", dtype: torch.dtype | str = torch.float32,
+                 num_threads: int | None = None, deterministic: bool = False):
+        configure_torch(deterministic=deterministic, num_threads=num_threads)
+        dtype = _DTYPES[dtype] if isinstance(dtype, str) else dtype
+        self.params = params
+        self.model: DiffusionModel = load_model(checkpoint, family=family, device=device, dtype=dtype)
+        sampler.guidance_scales(self.model, params)  # a missing Wan2.2 second scale fails at start
+
+    @classmethod
+    def from_args(cls, args, device: str | None = None, num_threads: int | None = None) -> "RolloutEngine":
+        return cls(
+            args.hf_checkpoint, SamplingParams.from_args(args), family=args.diffusion_model_family,
+            device=device or ("cuda" if args.device == "cuda" else "cpu"),
+            dtype=getattr(args, "rollout_dtype", "float32") or "float32",
+            num_threads=num_threads, deterministic=getattr(args, "deterministic_mode", False),
+        )
+
+    @property
+    def family(self) -> str:
+        return self.model.family
+
+    def generate(self, requests: list[SampleRequest], trained_steps: list[int], debug: bool = False) -> list[Trajectory]:
+        return sampler.generate(self.model, requests, self.params, trained_steps, debug)
+
+    def apply_lora(self, rank: int | dict, alpha: float | None = None, target_modules: list[str] | None = None,
+                   components: list[str] | None = None) -> None:
+        """Inject LoRA adapters as the trainer does; `rank` may be a dict of these arguments."""
+        if isinstance(rank, dict):
+            self.model.apply_lora(**rank)
+        else:
+            self.model.apply_lora(rank, alpha, target_modules, components)
+
+    def load_weights(self, component: str, state_dict: dict[str, torch.Tensor]) -> None:
+        self.model.load_weights(component, state_dict)
+
+    def sampling_params(self) -> dict:
+        return asdict(self.params)
+
+
+class RolloutEngineActor(RolloutEngine):
+    """The engine inside a Ray actor; create with `create_engine_actor`."""
+
+    def ready(self) -> str:
+        return self.family
+
+
+def engine_actor_options(args) -> dict:
+    """Ray resources for one engine: its GPUs, or a fraction of a CPU so a 2-CPU head fits it."""
+    if args.device == "cuda":
+        return {"num_gpus": args.rollout_num_gpus_per_engine, "num_cpus": 1}
+    return {"num_gpus": 0, "num_cpus": 0.25}
+
+
+def create_engine_actor(args, num_threads: int | None = None, **ray_options):
+    """One RolloutEngineActor for these flags; extra options (e.g. a placement group) pass to Ray."""
+    import ray
+
+    options = {**engine_actor_options(args), **ray_options}
+    return ray.remote(RolloutEngineActor).options(**options).remote(
+        args.hf_checkpoint, SamplingParams.from_args(args), args.diffusion_model_family,
+        "cuda" if args.device == "cuda" else "cpu", getattr(args, "rollout_dtype", "float32") or "float32",
+        num_threads, getattr(args, "deterministic_mode", False),
+    )

@@ -1,0 +1,104 @@
+"""Sample trajectories from a DiffusionModel: noise -> latents, recording every step.
+
+Each sample draws all its noise (initial latents, then one draw per step) from its own generator
+seeded with its request's seed, in step order, so a sample is the same whichever microgroup or
+engine it lands in. Steps in `trained_steps` use the SDE type and record a log-prob; the others
+run as ODE.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from miles.models.loader import DiffusionModel
+from miles.rollout.sde import largest_sigma_below_one, sde_step
+from miles.rollout.types import Conditioning, SampleRequest, SamplingParams, Trajectory
+
+
+def guidance_scales(model: DiffusionModel, params: SamplingParams) -> dict[str, float]:
+    """Guidance per transformer component; unguided families run at 1.0 (no negative pass)."""
+    if not model.spec.guided:
+        return {name: 1.0 for name in model.spec.transformer_components}
+    scales = {model.spec.transformer_components[0]: params.guidance_scale}
+    if len(model.spec.transformer_components) > 1:
+        if params.guidance_scale_2 is None:
+            raise ValueError(f"family {model.family} has two experts: --diffusion-guidance-scale-2 is required")
+        scales[model.spec.transformer_components[1]] = params.guidance_scale_2
+    return scales
+
+
+def sde_type_for(model: DiffusionModel, params: SamplingParams) -> str:
+    return params.sde_type or model.spec.default_sde_type
+
+
+def _microgroups(requests: list[SampleRequest], size: int | None) -> list[list[SampleRequest]]:
+    groups: dict[int, list[SampleRequest]] = {}
+    for r in requests:
+        groups.setdefault(r.group_index, []).append(r)
+    chunks = []
+    for members in groups.values():
+        step = size or len(members)
+        chunks += [members[i : i + step] for i in range(0, len(members), step)]
+    return chunks
+
+
+def _denoise(model: DiffusionModel, requests: list[SampleRequest], params: SamplingParams,
+             trained_steps: list[int], debug: bool) -> list[Trajectory]:
+    sigmas = model.sigmas(params.num_steps, params.shift)
+    sigma_max = largest_sigma_below_one(sigmas)
+    shape = model.latent_shape(params.height, params.width, params.num_frames)
+    sde_type = sde_type_for(model, params)
+    scales = guidance_scales(model, params)
+    trained = set(trained_steps)
+
+    cond: Conditioning = model.encode_prompts([r.prompt for r in requests], params.negative_prompt)
+    generators = [torch.Generator().manual_seed(r.seed) for r in requests]
+    draw = lambda: torch.stack([torch.randn(shape, generator=g) for g in generators])  # noqa: E731
+
+    x = draw()
+    latents, log_probs, outputs, experts, step_scales = [x], [], [], [], []
+    with torch.no_grad():
+        for k in range(params.num_steps):
+            expert = model.expert_for_step(sigmas, k)
+            v = model.velocity(x, sigmas[k], cond, scales[expert], expert).cpu()
+            noise = draw()
+            kind = sde_type if k in trained else "ode"
+            step = sde_step(x, v, sigmas[k], sigmas[k + 1], params.noise_level, kind, noise=noise, sigma_max=sigma_max)
+            x = step.x_next
+            latents.append(x)
+            log_probs.append(step.log_prob)
+            experts.append(expert)
+            step_scales.append(scales[expert])
+            if debug:
+                outputs.append(v)
+        images = model.decode(x)
+
+    cond = cond.to("cpu")
+    stacked = torch.stack(latents, dim=1)  # [B, N + 1, ...]
+    log_prob_table = torch.stack(log_probs, dim=1)  # [B, N]
+    output_table = torch.stack(outputs, dim=1) if debug else None
+    return [
+        Trajectory(
+            prompt=r.prompt, group_index=r.group_index, sample_index=r.sample_index, seed=r.seed,
+            latents=stacked[i].clone(), sigmas=torch.tensor(sigmas, dtype=torch.float32),
+            log_probs=log_prob_table[i].clone(), trained_steps=sorted(trained), cond=cond.select(i),
+            experts=list(experts), guidance_scales=list(step_scales), sde_type=sde_type,
+            noise_level=params.noise_level, image=images[i].clone(),
+            model_outputs=None if output_table is None else output_table[i].clone(),
+            metadata=dict(r.metadata),
+        )
+        for i, r in enumerate(requests)
+    ]
+
+
+def generate(model: DiffusionModel, requests: list[SampleRequest], params: SamplingParams,
+             trained_steps: list[int], debug: bool = False) -> list[Trajectory]:
+    """Trajectories in request order; prompts are evaluated in microgroups of their own group."""
+    bad = [k for k in trained_steps if not 0 <= k < params.num_steps]
+    if bad:
+        raise ValueError(f"trained steps {bad} are outside [0, {params.num_steps})")
+    by_id = {}
+    for chunk in _microgroups(requests, params.microgroup_size):
+        for r, t in zip(chunk, _denoise(model, chunk, params, trained_steps, debug)):
+            by_id[id(r)] = t
+    return [by_id[id(r)] for r in requests]
