@@ -1,0 +1,145 @@
+"""Reward workers: a pool of Ray actors, or the same scoring in-process.
+
+Both offer `score(samples) -> list[float]` (and `ascore` for callers inside an event loop), so
+the rollout manager, tests and the `score` command use whichever fits. The pool deals samples out
+in contiguous slices, one per worker, and puts the answers back in the original order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from miles.rollout.rm_hub.scoring import score_samples
+from miles.rollout.rm_hub.types import RewardError, RewardSample
+
+# CPU reward actors ask for a quarter CPU so that a 2-CPU head holds an engine, two train ranks
+# and the reward pool at once; the reward work itself is short and mostly waits on models.
+CPU_PER_WORKER = 0.25
+
+
+def split_evenly(count: int, parts: int) -> list[tuple[int, int]]:
+    """`parts` contiguous (start, stop) slices of range(count), sizes differing by at most one, empty ones dropped."""
+    base, extra = divmod(count, parts)
+    slices, start = [], 0
+    for part in range(parts):
+        stop = start + base + (part < extra)
+        if stop > start:
+            slices.append((start, stop))
+        start = stop
+    return slices
+
+
+def _run(coroutine) -> Any:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coroutine)
+    coroutine.close()
+    raise RuntimeError("score() called inside a running event loop; await ascore() instead")
+
+
+class LocalRewardScorer:
+    """Scores in this process: for tests, the `score` command and single-process debugging."""
+
+    def __init__(self, args: Any) -> None:
+        self.args = args
+
+    async def ascore(self, samples: list[RewardSample]) -> list[float]:
+        return await score_samples(self.args, samples)
+
+    def score(self, samples: list[RewardSample]) -> list[float]:
+        return _run(self.ascore(samples))
+
+    def shutdown(self) -> None:
+        pass
+
+
+class RewardWorker:
+    """The body of one reward actor: keeps its models loaded between batches."""
+
+    def __init__(self, args: Any) -> None:
+        self.args = args
+
+    async def score(self, samples: list[RewardSample], first_index: int) -> list[float]:
+        return await score_samples(self.args, samples, first_index=first_index)
+
+    def ready(self) -> bool:
+        return True
+
+
+def _actor_options(args: Any, placement_group: Any, bundle_index: int | None) -> dict[str, Any]:
+    gpus = float(getattr(args, "rm_num_gpus_per_worker", 0.0) or 0.0)
+    options: dict[str, Any] = {"num_cpus": CPU_PER_WORKER, "num_gpus": gpus}
+    if placement_group is not None:
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
+            placement_group=placement_group, placement_group_bundle_index=-1 if bundle_index is None else bundle_index)
+    return options
+
+
+class RewardPool:
+    """`--rm-num-workers` Ray actors, each with `--rm-num-gpus-per-worker` GPUs (0: a CPU actor).
+
+    With `--colocate-reward` the caller may pass the engines' placement group (and a bundle per
+    worker) so the reward actors share those GPUs; otherwise Ray places them wherever their
+    request fits. Requires `ray.init()` to have run.
+    """
+
+    def __init__(self, args: Any, *, placement_group: Any = None, bundle_indices: list[int] | None = None) -> None:
+        import ray
+
+        self.args = args
+        num_workers = int(getattr(args, "rm_num_workers", 1) or 1)
+        if bundle_indices is not None and len(bundle_indices) != num_workers:
+            raise ValueError(f"{len(bundle_indices)} bundle indices for {num_workers} reward workers")
+        if placement_group is not None and not getattr(args, "colocate_reward", False):
+            raise ValueError("a placement group shares GPUs with the engines; that needs --colocate-reward")
+        actor_class = ray.remote(RewardWorker)
+        self.workers = [
+            actor_class.options(**_actor_options(args, placement_group, bundle_indices[i] if bundle_indices else None))
+            .remote(args)
+            for i in range(num_workers)
+        ]
+        ray.get([w.ready.remote() for w in self.workers])
+
+    def _submit(self, samples: list[RewardSample]) -> list[Any]:
+        wire = [s.to_wire() for s in samples]
+        return [self.workers[part].score.remote(wire[start:stop], start)
+                for part, (start, stop) in enumerate(split_evenly(len(wire), len(self.workers)))]
+
+    @staticmethod
+    def _unwrap(err: Exception) -> Exception:
+        import ray.exceptions
+
+        if isinstance(err, ray.exceptions.RayTaskError):
+            cause = getattr(err, "cause", None)
+            if isinstance(cause, RewardError):
+                return RewardError(str(cause))
+        if isinstance(err, ray.exceptions.RayActorError):
+            return RewardError(f"a reward worker died: {err}")
+        return err
+
+    def score(self, samples: list[RewardSample]) -> list[float]:
+        import ray
+
+        try:
+            parts = ray.get(self._submit(samples))
+        except Exception as err:
+            raise self._unwrap(err) from err
+        return [value for part in parts for value in part]
+
+    async def ascore(self, samples: list[RewardSample]) -> list[float]:
+        try:
+            parts = await asyncio.gather(*self._submit(samples))
+        except Exception as err:
+            raise self._unwrap(err) from err
+        return [value for part in parts for value in part]
+
+    def shutdown(self) -> None:
+        import ray
+
+        for worker in self.workers:
+            ray.kill(worker)
+        self.workers = []

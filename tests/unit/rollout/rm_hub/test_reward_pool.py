@@ -1,0 +1,44 @@
+import os
+import tempfile
+
+import numpy as np
+import pytest
+
+from miles.rollout.rm_hub import RewardError, RewardSample
+from miles.rollout.rm_hub.pool import LocalRewardScorer, RewardPool, split_evenly
+
+
+def test_split_evenly_covers_all_samples_in_order():
+    assert split_evenly(7, 3) == [(0, 3), (3, 5), (5, 7)]
+    assert split_evenly(2, 4) == [(0, 1), (1, 2)]
+    assert split_evenly(0, 2) == []
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    ray = pytest.importorskip("ray")
+    temp_dir = tempfile.mkdtemp(prefix="rmp", dir="/tmp")
+    ray.init(num_cpus=2, include_dashboard=False, _temp_dir=temp_dir, log_to_driver=False,
+             runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}})
+    yield ray
+    ray.shutdown()
+
+
+def _samples():
+    rng = np.random.default_rng(0)
+    colors = ["red", "blue", "green", "yellow", "cyan"]
+    return [RewardSample(f"a {colors[i % 5]} ball", rng.random((3, 8, 8)).astype(np.float32),
+                         {"rm_type": "brightness"} if i % 3 == 0 else {}) for i in range(11)]
+
+
+def test_pool_matches_local_scorer_in_order_and_names_global_sample_on_error(ray_session, make_args):
+    args = make_args(rm_type="color_match", rm_num_workers=3, rm_num_gpus_per_worker=0.0)
+    pool = RewardPool(args)
+    try:
+        samples = _samples()
+        assert pool.score(samples) == LocalRewardScorer(args).score(samples)
+        broken = samples[:9] + [RewardSample("a ball", samples[9].image)]
+        with pytest.raises(RewardError, match=r"'color_match'.*sample 9 \(prompt 'a ball'\)"):
+            pool.score(broken)
+    finally:
+        pool.shutdown()
