@@ -1,0 +1,86 @@
+"""Submitting the training command as a Ray job and following it to its end.
+
+Submitted through the SDK rather than `ray job submit` so that secrets in the runtime env never
+appear on a command line (where `ps` and shell history would show them)."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from miles.utils.external_utils.env_vars import redact_env
+
+INTERRUPTED_EXIT_CODE = 130
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    address: str  # the job server: http://host:port
+    entrypoint: str
+    env_vars: Mapping[str, str]
+    submission_id: str
+
+    @property
+    def runtime_env(self) -> dict:
+        return {"env_vars": dict(self.env_vars)}
+
+    def display_command(self) -> str:
+        """The equivalent `ray job submit` line, secrets redacted: what the log and plan show."""
+        runtime_env = json.dumps({"env_vars": redact_env(self.env_vars)}, sort_keys=True)
+        return (
+            f"ray job submit --address={shlex.quote(self.address)} "
+            f"--runtime-env-json={shlex.quote(runtime_env)} -- {self.entrypoint}"
+        )
+
+
+def submit_and_follow(request: JobRequest) -> int:
+    """Submit, stream the job's output to stdout, return its exit status (non-zero on failure).
+
+    Ctrl-C stops the job and returns 130.
+    """
+    import asyncio
+
+    from ray.job_submission import JobSubmissionClient
+
+    client = JobSubmissionClient(request.address)
+    job_id = client.submit_job(
+        entrypoint=request.entrypoint, runtime_env=request.runtime_env, submission_id=request.submission_id
+    )
+    try:
+        asyncio.run(_stream_logs(client, job_id))
+        return _exit_status(client, job_id)
+    except KeyboardInterrupt:
+        print(f"\ninterrupted: stopping Ray job {job_id}", file=sys.stderr, flush=True)
+        _stop_quietly(client, job_id)
+        return INTERRUPTED_EXIT_CODE
+
+
+async def _stream_logs(client, job_id: str) -> None:
+    async for chunk in client.tail_job_logs(job_id):
+        sys.stdout.write(chunk)
+        sys.stdout.flush()
+
+
+def _exit_status(client, job_id: str, settle_s: float = 30.0) -> int:
+    from ray.job_submission import JobStatus
+
+    deadline = time.monotonic() + settle_s
+    info = client.get_job_info(job_id)
+    while not info.status.is_terminal() and time.monotonic() < deadline:
+        time.sleep(0.5)  # the log stream can close a moment before the status is final
+        info = client.get_job_info(job_id)
+    print(f"Ray job {job_id} finished: {info.status}" + (f" ({info.message})" if info.message else ""), flush=True)
+    if info.status == JobStatus.SUCCEEDED:
+        return 0
+    return info.driver_exit_code if info.driver_exit_code not in (None, 0) else 1
+
+
+def _stop_quietly(client, job_id: str) -> None:
+    try:
+        client.stop_job(job_id)
+    except Exception as err:  # the cluster may already be going down with the Ctrl-C
+        print(f"could not stop job {job_id}: {err}", file=sys.stderr)

@@ -1,0 +1,114 @@
+"""Starting and ending Ray nodes of our own, recorded so that a later run can end exactly them."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from miles.utils.external_utils.env_vars import master_addr
+from miles.utils.external_utils.launch_mode import is_dry_run
+from miles.utils.external_utils.processes import (
+    LaunchRecord,
+    end_token_processes,
+    environ_with_token,
+    exec_command,
+    new_token,
+    pgids_of,
+    pids_with_token,
+)
+from miles.utils.external_utils.ray_cluster import (
+    RayNodeSpec,
+    RayPorts,
+    raise_open_files_limit,
+    ray_start_command,
+    ray_start_env,
+    ray_temp_dir_for,
+    split_host_port,
+    tcp_reachable,
+)
+
+HEAD_ROLE = "head"
+WORKER_ROLE = "worker"
+_OUR_TEMP_PREFIX = ray_temp_dir_for("")
+
+
+def end_recorded_run(output_dir: str | Path, role: str) -> list[int]:
+    """End what an earlier run of `role` with this output dir recorded; nothing else."""
+    record = LaunchRecord.load(output_dir, role)
+    if record is None:
+        return []
+    ended = end_token_processes(record.token)
+    print(f"cleanup: ended {len(ended)} process(es) left by an earlier {role} run (token {record.token})", flush=True)
+    # only a dir of the shape we create: a hand-edited record must not make us delete anything else
+    if record.ray_temp_dir and record.ray_temp_dir.startswith(_OUR_TEMP_PREFIX):
+        shutil.rmtree(record.ray_temp_dir, ignore_errors=True)
+    LaunchRecord.path_for(output_dir, role).unlink(missing_ok=True)
+    return ended
+
+
+def start_node(spec: RayNodeSpec, record: LaunchRecord, output_dir: str | Path, cuda_visible_devices: str | None) -> None:
+    """`ray start` with the record's token in its environment; records the process groups."""
+    raise_open_files_limit()
+    record.save(output_dir)  # before starting: a crash mid-start must still be cleanable
+    env = ray_start_env(environ_with_token(record.token), cuda_visible_devices)
+    exec_command(ray_start_command(spec, cuda_visible_devices), env=env, dry_run=False)
+    record.pgids = pgids_of(pids_with_token(record.token))
+    record.save(output_dir)
+
+
+def stop_node(record: LaunchRecord) -> None:
+    ended = end_token_processes(record.token)
+    print(f"ended the Ray node this launcher started ({len(ended)} process(es), token {record.token})", flush=True)
+
+
+def start_ray_worker(
+    head_address: str,
+    *,
+    output_dir: str | Path,
+    num_gpus: int = 0,
+    num_cpus: int | None = None,
+    cuda_visible_devices: str | None = None,
+    node_ip: str | None = None,
+    role: str = WORKER_ROLE,
+    poll_s: float = 2.0,
+    head_lost_after: int = 3,
+) -> int:
+    """Join the Ray head at `head_address` (host:gcs_port) as another node and block.
+
+    Returns 0 when interrupted (Ctrl-C / SIGTERM) or when the head goes away, 1 if our own node
+    died; either way the node this call started is ended before returning.
+    """
+    node_ip = node_ip or master_addr()
+    token = new_token()
+    ports = RayPorts() if is_dry_run() else RayPorts.allocate(node_ip)
+    spec = RayNodeSpec(node_ip, ports, ray_temp_dir_for(token), num_gpus, num_cpus, head_address=head_address)
+    if is_dry_run():
+        exec_command(ray_start_command(spec, cuda_visible_devices), dry_run=True)
+        return 0
+    end_recorded_run(output_dir, role)
+    record = LaunchRecord(role, token, ray_temp_dir=spec.temp_dir)
+    try:
+        start_node(spec, record, output_dir, cuda_visible_devices)
+        print(f"joined {head_address} as a Ray node; blocking until interrupted or the head goes away", flush=True)
+        return _block_while_head_alive(head_address, token, poll_s, head_lost_after)
+    except KeyboardInterrupt:
+        print("interrupted: leaving the cluster", flush=True)
+        return 0
+    finally:
+        stop_node(record)
+
+
+def _block_while_head_alive(head_address: str, token: str, poll_s: float, head_lost_after: int) -> int:
+    host, port = split_host_port(head_address)
+    misses = 0
+    while True:
+        time.sleep(poll_s)
+        if not pids_with_token(token):
+            print("our Ray node exited on its own", file=sys.stderr, flush=True)
+            return 1
+        misses = 0 if tcp_reachable(host, port) else misses + 1
+        if misses >= head_lost_after:
+            print(f"head {head_address} is gone: leaving", flush=True)
+            return 0

@@ -1,0 +1,48 @@
+"""The launch plan: a machine-readable record of what a run does (docs/architecture.md section 6).
+
+Written for every run, real or dry, to `<run_dir>/plan.json`. Secrets are redacted before they
+get here: the plan is meant to be read, snapshotted and shared."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from miles.utils.external_utils.processes import write_text_atomically
+
+PLAN_VERSION = 1
+PLAN_FILE_NAME = "plan.json"
+
+
+@dataclass
+class LaunchPlan:
+    recipe: str
+    run_id: str
+    run_dir: str
+    train_script: str
+    argv: list[str]
+    locked_flags: dict[str, str | None]
+    runtime_env: dict[str, Any]
+    num_nodes: int
+    num_gpus_per_node: int
+    cuda_visible_devices: str | None
+    external_ray: bool
+    dry_run: bool
+    ray: dict[str, Any]
+    commands: list[str] = field(default_factory=list)
+    version: int = PLAN_VERSION
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        return {"version": data.pop("version"), **data}
+
+    def write(self) -> Path:
+        path = Path(self.run_dir) / PLAN_FILE_NAME
+        write_text_atomically(path, json.dumps(self.to_dict(), indent=2) + "\n")
+        return path
+
+
+def read_plan(run_dir: str | Path) -> dict[str, Any]:
+    return json.loads((Path(run_dir) / PLAN_FILE_NAME).read_text())

@@ -1,0 +1,256 @@
+"""A Ray node of our own: free ports, a short temp dir, the `ray start` command, and waiting for
+a cluster to hold the resources a job needs. Ray itself is imported only where it is needed."""
+
+from __future__ import annotations
+
+import os
+import random
+import resource
+import shlex
+import socket
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+# Ray puts unix sockets under its temp dir and socket paths are limited to ~107 bytes, so the
+# dir must stay short: never under the (possibly deep) output dir.
+_TEMP_ROOT = "/tmp"
+_WORKER_PORT_COUNT = 100
+# Below Linux's ephemeral range (32768+), so outgoing connections do not take our worker ports.
+_WORKER_PORT_SPAN = (12000, 30000)
+MIN_OPEN_FILES = 65536
+
+
+@dataclass(frozen=True)
+class RayPorts:
+    """Every port a Ray node listens on; 0 means 'picked when the node starts' (dry run)."""
+
+    gcs_port: int = 0
+    dashboard_port: int = 0
+    node_manager_port: int = 0
+    object_manager_port: int = 0
+    ray_client_server_port: int = 0
+    dashboard_agent_listen_port: int = 0
+    dashboard_agent_grpc_port: int = 0
+    metrics_export_port: int = 0
+    runtime_env_agent_port: int = 0
+    min_worker_port: int = 0
+    max_worker_port: int = 0
+
+    @classmethod
+    def allocate(cls, host: str = "127.0.0.1", gcs_port: int | None = None) -> RayPorts:
+        names = [n for n in cls.__dataclass_fields__ if n not in ("min_worker_port", "max_worker_port")]
+        if gcs_port:
+            names.remove("gcs_port")
+        singles = dict(zip(names, free_ports(len(names), host)))
+        if gcs_port:
+            singles["gcs_port"] = gcs_port
+        low = free_port_range(_WORKER_PORT_COUNT, host, avoid=set(singles.values()))
+        return cls(**singles, min_worker_port=low, max_worker_port=low + _WORKER_PORT_COUNT - 1)
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """Ports the kernel reports free now. All sockets stay open until every port is picked, so
+    the kernel cannot hand out the same one twice."""
+    sockets = []
+    try:
+        for _ in range(count):
+            sock = socket.socket()
+            sock.bind((host, 0))
+            sockets.append(sock)
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def free_port_range(count: int, host: str = "127.0.0.1", avoid: set[int] = frozenset(), tries: int = 50) -> int:
+    for _ in range(tries):
+        low = random.randrange(_WORKER_PORT_SPAN[0], _WORKER_PORT_SPAN[1] - count)
+        span = range(low, low + count)
+        if not avoid.intersection(span) and all(_port_is_free(p, host) for p in span):
+            return low
+    raise RuntimeError(f"no {count} consecutive free ports found in {_WORKER_PORT_SPAN}")
+
+
+def _port_is_free(port: int, host: str) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind((host, port))
+            return True
+        except OSError:
+            return False
+
+
+def ray_temp_dir_for(token: str) -> str:
+    return f"{_TEMP_ROOT}/mray-{token[:12]}"
+
+
+@dataclass(frozen=True)
+class RayNodeSpec:
+    """How to start one Ray node: a head (head_address None) or a node joining a head."""
+
+    node_ip: str
+    ports: RayPorts
+    temp_dir: str
+    num_gpus: int
+    num_cpus: int | None = None
+    head_address: str | None = None
+
+    @property
+    def is_head(self) -> bool:
+        return self.head_address is None
+
+    @property
+    def gcs_address(self) -> str:
+        return self.head_address or f"{self.node_ip}:{self.ports.gcs_port}"
+
+    @property
+    def job_server_url(self) -> str:
+        return f"http://{self.node_ip}:{self.ports.dashboard_port}"
+
+    def plan_entry(self) -> dict:
+        return {**asdict(self.ports), "temp_dir": self.temp_dir, "node_ip": self.node_ip,
+                "num_gpus": self.num_gpus, "num_cpus": self.num_cpus, "head_address": self.head_address}
+
+
+def cpu_job_num_cpus(num_gpus_per_node: int) -> int | None:
+    """A CPU job advertises every logical CPU; a GPU job lets Ray count them itself."""
+    return (os.cpu_count() or 1) if num_gpus_per_node == 0 else None
+
+
+def ray_start_command(spec: RayNodeSpec, cuda_visible_devices: str | None = None) -> str:
+    p = spec.ports
+    words = ["ray", "start"]
+    if spec.is_head:
+        words += ["--head", f"--port={p.gcs_port}", f"--dashboard-host={spec.node_ip}",
+                  f"--dashboard-port={p.dashboard_port}", "--include-dashboard=true",
+                  f"--ray-client-server-port={p.ray_client_server_port}"]
+    else:
+        words += [f"--address={spec.head_address}"]
+    words += [
+        f"--node-ip-address={spec.node_ip}",
+        f"--node-manager-port={p.node_manager_port}",
+        f"--object-manager-port={p.object_manager_port}",
+        f"--dashboard-agent-listen-port={p.dashboard_agent_listen_port}",
+        f"--dashboard-agent-grpc-port={p.dashboard_agent_grpc_port}",
+        f"--metrics-export-port={p.metrics_export_port}",
+        f"--runtime-env-agent-port={p.runtime_env_agent_port}",
+        f"--min-worker-port={p.min_worker_port}",
+        f"--max-worker-port={p.max_worker_port}",
+        f"--temp-dir={spec.temp_dir}",
+        f"--num-gpus={spec.num_gpus}",
+    ]
+    if spec.num_cpus is not None:
+        words.append(f"--num-cpus={spec.num_cpus}")
+    words.append("--disable-usage-stats")
+    prefix = f"CUDA_VISIBLE_DEVICES={shlex.quote(cuda_visible_devices)} " if cuda_visible_devices else ""
+    return prefix + shlex.join(words)
+
+
+def ray_start_env(base: dict[str, str], cuda_visible_devices: str | None) -> dict[str, str]:
+    """`ray start`'s own environment: the raylet schedules GPUs from the CUDA_VISIBLE_DEVICES it
+    sees at start; set per job or actor it never reaches the scheduler."""
+    env = dict(base)
+    env.pop("RAY_ADDRESS", None)  # would make `ray start` look for some other cluster
+    env["RAY_USAGE_STATS_ENABLED"] = "0"
+    if cuda_visible_devices:
+        env["CUDA_VISIBLE_DEVICES"] = cuda_visible_devices
+    return env
+
+
+def raise_open_files_limit(minimum: int = MIN_OPEN_FILES) -> int:
+    """Raise the soft RLIMIT_NOFILE to the hard limit (the raylet inherits it); warn if still low.
+
+    A raylet out of descriptors dies much later with a misleading 'Socket closed' error.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+    if soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass
+    if soft < minimum:
+        print(
+            f"WARNING: open-files limit is {soft} (hard limit {hard}), below {minimum}. Ray's raylet "
+            f"inherits it and may die later with 'Socket closed'; raise it (ulimit -n / limits.conf).",
+            file=sys.stderr, flush=True,
+        )
+    return soft
+
+
+def wait_for_gcs(host: str, port: int, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not tcp_reachable(host, port):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"Ray GCS at {host}:{port} not reachable after {timeout:.0f}s")
+        time.sleep(0.5)
+
+
+def tcp_reachable(host: str, port: int, timeout: float = 2.0) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def split_host_port(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+@dataclass(frozen=True)
+class ClusterResources:
+    num_nodes: int
+    num_gpus: float
+    num_cpus: float
+
+    def covers(self, num_gpus: float, num_cpus: float, num_nodes: int) -> bool:
+        return self.num_gpus >= num_gpus and self.num_cpus >= num_cpus and self.num_nodes >= num_nodes
+
+
+def cluster_resources(job_server_url: str) -> ClusterResources:
+    """Alive nodes and their total GPUs/CPUs, from the dashboard (no Ray driver is started)."""
+    from ray.util.state import list_nodes
+
+    nodes = [n for n in list_nodes(address=job_server_url, raise_on_missing_output=False) if n.state == "ALIVE"]
+    total = lambda key: sum((n.resources_total or {}).get(key, 0.0) for n in nodes)  # noqa: E731
+    return ClusterResources(num_nodes=len(nodes), num_gpus=total("GPU"), num_cpus=total("CPU"))
+
+
+def wait_for_cluster_resources(
+    address: str,
+    *,
+    num_gpus: float = 0,
+    num_cpus: float = 0,
+    num_nodes: int = 1,
+    timeout: float = 600.0,
+    poll_s: float = 2.0,
+) -> ClusterResources:
+    """Block until the cluster behind the job server `address` (http://host:port) has at least
+    these totals; raise TimeoutError naming what is missing."""
+    deadline = time.monotonic() + timeout
+    seen = None
+    while True:
+        try:
+            seen = cluster_resources(address)
+        except Exception as err:  # the dashboard may still be starting
+            print(f"waiting for cluster at {address}: {err}", flush=True)
+        if seen is not None and seen.covers(num_gpus, num_cpus, num_nodes):
+            print(f"cluster ready: {seen}", flush=True)
+            return seen
+        if time.monotonic() > deadline:
+            raise TimeoutError(
+                f"cluster at {address} has {seen} after {timeout:.0f}s; "
+                f"needed num_nodes>={num_nodes}, num_gpus>={num_gpus}, num_cpus>={num_cpus}"
+            )
+        time.sleep(poll_s)
+
+
+def temp_dir_root_is_short(temp_dir: str) -> bool:
+    # session dir + "/sockets/plasma_store" adds ~70 characters
+    return len(temp_dir) + 70 < 107 and Path(temp_dir).is_absolute()
