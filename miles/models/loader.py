@@ -143,9 +143,9 @@ class DiffusionModel:
             transformer = self.transformers[name]
             xi = x[i : i + 1].to(device=self.device, dtype=self.dtype)
             one = cond.select(i).to(self.device)
-            out = self.spec.module.forward(transformer, xi, s, one.positive).float()
+            out = self.spec.module.forward(self.parts, transformer, xi, s, one.positive).float()
             if guided:
-                uncond = self.spec.module.forward(transformer, xi, s, one.negative).float()
+                uncond = self.spec.module.forward(self.parts, transformer, xi, s, one.negative).float()
                 out = uncond + guidance_scale * (out - uncond)
             outputs.append(out)
         return torch.cat(outputs)

@@ -47,8 +47,11 @@ class FamilyModule:
         """Conditioning tensors for the transformer, batch-first."""
         raise NotImplementedError
 
-    def forward(self, transformer, x: torch.Tensor, sigma: torch.Tensor, cond: dict[str, torch.Tensor]) -> torch.Tensor:
-        """The raw transformer output (the velocity) for latents x at noise level sigma ([B])."""
+    def forward(self, parts: dict[str, Any], transformer, x: torch.Tensor, sigma: torch.Tensor,
+                cond: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The raw transformer output (the velocity) for latents x at noise level sigma ([B]).
+
+        `parts` are all components (e.g. LTX's rotary scale depends on the VAE's compression)."""
         raise NotImplementedError
 
     def latent_shape(self, parts: dict[str, Any], height: int, width: int, frames: int) -> tuple[int, ...]:

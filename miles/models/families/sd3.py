@@ -82,7 +82,7 @@ class SD3(FamilyModule):
             sequence = torch.cat([sequence, t5(input_ids=ids).last_hidden_state.to(sequence.dtype)], dim=-2)
         return {"encoder_hidden_states": sequence, "pooled_projections": torch.cat(pooled, dim=-1)}
 
-    def forward(self, transformer, x, sigma, cond):
+    def forward(self, parts, transformer, x, sigma, cond):
         return transformer(hidden_states=x, timestep=timesteps(sigma, x), return_dict=False, **cond)[0]
 
     def latent_shape(self, parts, height, width, frames):

@@ -1,0 +1,64 @@
+"""Cosmos (Predict2-style text-to-image): CosmosTransformer3DModel over the Wan VAE, T5 encoder.
+
+Images are one-frame videos to the transformer and the VAE; latents stay [C, h, w] otherwise.
+The transformer output is used as the velocity directly (our checkpoints are trained that way);
+a released Cosmos checkpoint's EDM-style preconditioning is not reproduced here.
+"""
+
+from __future__ import annotations
+
+from miles.models.families.base import ComponentSpec, FamilyModule, encode_with_mask
+from miles.models.families.wan2_2 import wan_decode, wan_latent_shape, wan_vae
+from miles.models.tokenizer import EOS_ID, PAD_ID, vocabulary
+
+
+class Cosmos3(FamilyModule):
+    name = "cosmos3"
+    pipeline_class = "Cosmos2TextToImagePipeline"
+    other_pipeline_classes = ("CosmosTextToWorldPipeline", "Cosmos2VideoToWorldPipeline")
+    text_max_length = 512
+
+    def components(self, size):
+        if size == "tiny":
+            z, text_width, max_len = 4, 32, 16
+            transformer = dict(in_channels=z, out_channels=z, num_attention_heads=2, attention_head_dim=16, num_layers=2,
+                               mlp_ratio=2.0, text_embed_dim=text_width, adaln_lora_dim=8, max_size=(4, 32, 32),
+                               patch_size=(1, 2, 2), rope_scale=(1.0, 1.0, 1.0), concat_padding_mask=False,
+                               extra_pos_embed_type=None)
+            text = dict(d_model=text_width, d_kv=8, d_ff=64, num_layers=2, num_heads=4, relative_attention_num_buckets=8)
+        elif size == "proxy":
+            z, text_width, max_len = 16, 1024, 512
+            transformer = dict(in_channels=z, out_channels=z, num_attention_heads=16, attention_head_dim=128, num_layers=20,
+                               mlp_ratio=4.0, text_embed_dim=text_width, adaln_lora_dim=256, max_size=(128, 240, 240),
+                               patch_size=(1, 2, 2), rope_scale=(1.0, 4.0, 4.0), concat_padding_mask=False,
+                               extra_pos_embed_type=None)
+            text = dict(d_model=text_width, d_kv=64, d_ff=2816, num_layers=12, num_heads=16, relative_attention_num_buckets=32)
+        else:
+            raise ValueError(f"unknown size {size!r}")
+        text.update(vocab_size=len(vocabulary()), feed_forward_proj="gated-gelu", pad_token_id=PAD_ID,
+                    eos_token_id=EOS_ID, decoder_start_token_id=PAD_ID)
+        return {
+            "transformer": ComponentSpec("diffusers", "CosmosTransformer3DModel", transformer),
+            "text_encoder": ComponentSpec("transformers", "T5EncoderModel", text, config_class="T5Config"),
+            "tokenizer": ComponentSpec("transformers", "PreTrainedTokenizerFast", {"model_max_length": max_len}),
+            "vae": wan_vae(size, z),
+        }
+
+    def encode(self, parts, prompts):
+        hidden, _ = encode_with_mask(parts, prompts, self.text_max_length)
+        return {"encoder_hidden_states": hidden}
+
+    def forward(self, parts, transformer, x, sigma, cond):
+        video = x.unsqueeze(2)
+        extra = {}
+        if transformer.config.concat_padding_mask:  # released checkpoints: nothing is padding
+            extra["padding_mask"] = x.new_zeros(1, 1, x.shape[-2], x.shape[-1])
+        out = transformer(hidden_states=video, timestep=sigma.to(x.dtype), return_dict=False, **cond, **extra)[0]
+        return out[:, :, 0]
+
+    def latent_shape(self, parts, height, width, frames):
+        z, _, h, w = wan_latent_shape(parts["vae"], height, width, 1)
+        return (z, h, w)
+
+    def decode(self, parts, latents):
+        return wan_decode(parts["vae"], latents.unsqueeze(2))[:, 0]

@@ -1,0 +1,71 @@
+"""LTX-Video: LTXVideoTransformer3DModel over the LTX video VAE, T5 text encoder. Unguided.
+
+The transformer takes latent tokens (patch size 1) with the latent grid passed alongside for its
+rotary embedding; latents stay [C, f, h, w] everywhere else.
+"""
+
+from __future__ import annotations
+
+from miles.models.families.base import ComponentSpec, FamilyModule, encode_with_mask, timesteps, to_unit_range
+from miles.models.tokenizer import EOS_ID, PAD_ID, vocabulary
+
+FRAME_RATE = 25  # what LTXPipeline assumes by default; enters the temporal rope scale
+
+
+class LTX(FamilyModule):
+    name = "ltx"
+    pipeline_class = "LTXPipeline"
+    text_max_length = 128
+
+    def components(self, size):
+        if size == "tiny":
+            z, text_width, max_len = 8, 32, 16
+            transformer = dict(in_channels=z, out_channels=z, num_attention_heads=2, attention_head_dim=16,
+                               cross_attention_dim=32, num_layers=2, caption_channels=text_width)
+            text = dict(d_model=text_width, d_kv=8, d_ff=64, num_layers=2, num_heads=4, relative_attention_num_buckets=8)
+            blocks, layers = (8, 8, 8, 8), (1, 1, 1, 1, 1)
+            scaling = (True, True, False, False)
+        elif size == "proxy":
+            z, text_width, max_len = 128, 1024, 128
+            transformer = dict(in_channels=z, out_channels=z, num_attention_heads=24, attention_head_dim=64,
+                               cross_attention_dim=1536, num_layers=20, caption_channels=text_width)
+            text = dict(d_model=text_width, d_kv=64, d_ff=2816, num_layers=12, num_heads=16, relative_attention_num_buckets=32)
+            blocks, layers = (128, 256, 512, 512), (4, 3, 3, 3, 4)
+            scaling = (True, True, True, False)
+        else:
+            raise ValueError(f"unknown size {size!r}")
+        text.update(vocab_size=len(vocabulary()), feed_forward_proj="gated-gelu", pad_token_id=PAD_ID,
+                    eos_token_id=EOS_ID, decoder_start_token_id=PAD_ID)
+        vae = dict(latent_channels=z, block_out_channels=blocks, decoder_block_out_channels=blocks,
+                   layers_per_block=layers, decoder_layers_per_block=layers, spatio_temporal_scaling=scaling,
+                   decoder_spatio_temporal_scaling=scaling, patch_size=4, patch_size_t=1)
+        return {
+            "transformer": ComponentSpec("diffusers", "LTXVideoTransformer3DModel", transformer),
+            "text_encoder": ComponentSpec("transformers", "T5EncoderModel", text, config_class="T5Config"),
+            "tokenizer": ComponentSpec("transformers", "PreTrainedTokenizerFast", {"model_max_length": max_len}),
+            "vae": ComponentSpec("diffusers", "AutoencoderKLLTXVideo", vae),
+        }
+
+    def encode(self, parts, prompts):
+        hidden, mask = encode_with_mask(parts, prompts, self.text_max_length)
+        return {"encoder_hidden_states": hidden, "encoder_attention_mask": mask}
+
+    def forward(self, parts, transformer, x, sigma, cond):
+        b, c, f, h, w = x.shape
+        tokens = x.permute(0, 2, 3, 4, 1).reshape(b, f * h * w, c)
+        temporal, spatial = parts["vae"].temporal_compression_ratio, parts["vae"].spatial_compression_ratio
+        out = transformer(hidden_states=tokens, timestep=timesteps(sigma, x), num_frames=f, height=h, width=w,
+                          rope_interpolation_scale=(temporal / FRAME_RATE, spatial, spatial), return_dict=False, **cond)[0]
+        return out.reshape(b, f, h, w, -1).permute(0, 4, 1, 2, 3)
+
+    def latent_shape(self, parts, height, width, frames):
+        vae = parts["vae"]
+        temporal, spatial = vae.temporal_compression_ratio, vae.spatial_compression_ratio
+        return (vae.config.latent_channels, (frames - 1) // temporal + 1, height // spatial, width // spatial)
+
+    def decode(self, parts, latents):
+        vae = parts["vae"]
+        mean = vae.latents_mean.view(1, -1, 1, 1, 1).to(latents)
+        std = vae.latents_std.view(1, -1, 1, 1, 1).to(latents)
+        z = (latents * std / vae.config.scaling_factor + mean).to(vae.dtype)
+        return to_unit_range(vae.decode(z, return_dict=False)[0]).permute(0, 2, 1, 3, 4)
