@@ -68,9 +68,12 @@ class RewardWorker:
         return True
 
 
-def _actor_options(args: Any, placement_group: Any, bundle_index: int | None) -> dict[str, Any]:
+def _actor_options(args: Any, placement_group: Any, bundle_index: int | None,
+                   runtime_env: dict[str, Any] | None) -> dict[str, Any]:
     gpus = float(getattr(args, "rm_num_gpus_per_worker", 0.0) or 0.0)
     options: dict[str, Any] = {"num_cpus": CPU_PER_WORKER, "num_gpus": gpus}
+    if runtime_env:
+        options["runtime_env"] = runtime_env
     if placement_group is not None:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -82,23 +85,23 @@ def _actor_options(args: Any, placement_group: Any, bundle_index: int | None) ->
 class RewardPool:
     """`--rm-num-workers` Ray actors, each with `--rm-num-gpus-per-worker` GPUs (0: a CPU actor).
 
-    With `--colocate-reward` the caller may pass the engines' placement group (and a bundle per
-    worker) so the reward actors share those GPUs; otherwise Ray places them wherever their
+    With `--colocate-reward` the caller passes the engines' placement group and a bundle per
+    worker so the reward actors share those GPUs; otherwise Ray places them wherever their
     request fits. Requires `ray.init()` to have run.
     """
 
-    def __init__(self, args: Any, *, placement_group: Any = None, bundle_indices: list[int] | None = None) -> None:
+    def __init__(self, args: Any, *, placement_group: Any = None, bundle_indices: list[int] | None = None,
+                 runtime_env: dict[str, Any] | None = None) -> None:
         import ray
 
         self.args = args
         num_workers = int(getattr(args, "rm_num_workers", 1) or 1)
         if bundle_indices is not None and len(bundle_indices) != num_workers:
             raise ValueError(f"{len(bundle_indices)} bundle indices for {num_workers} reward workers")
-        if placement_group is not None and not getattr(args, "colocate_reward", False):
-            raise ValueError("a placement group shares GPUs with the engines; that needs --colocate-reward")
         actor_class = ray.remote(RewardWorker)
         self.workers = [
-            actor_class.options(**_actor_options(args, placement_group, bundle_indices[i] if bundle_indices else None))
+            actor_class.options(**_actor_options(args, placement_group, bundle_indices[i] if bundle_indices else None,
+                                                 runtime_env))
             .remote(args)
             for i in range(num_workers)
         ]

@@ -73,7 +73,7 @@ def test_score_command_reads_rendered_hello_and_not_noise(tmp_path, make_args):
 def test_video_scores_the_mean_over_frames_and_metadata_text_wins(make_args):
     hello = _chw(render_text("HELLO"))
     blank = np.ones_like(hello)
-    video = RewardSample('a sign that says "WORLD"', np.stack([hello, blank, blank, hello]), {"text": "hello"})
+    video = RewardSample('a sign that says "WORLD"', np.stack([hello, blank]), {"text": "hello"})
     (score,) = asyncio.run(score_samples(make_args(rm_type="ocr"), [video]))
     assert score == pytest.approx(0.5, abs=0.05)
 

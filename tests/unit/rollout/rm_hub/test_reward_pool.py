@@ -42,3 +42,11 @@ def test_pool_matches_local_scorer_in_order_and_names_global_sample_on_error(ray
             pool.score(broken)
     finally:
         pool.shutdown()
+
+
+def test_workers_ask_for_a_quarter_cpu_and_the_configured_gpu_share(make_args):
+    from miles.rollout.rm_hub.pool import _actor_options
+
+    assert _actor_options(make_args(rm_num_gpus_per_worker=0.0), None, None, None) == {"num_cpus": 0.25, "num_gpus": 0.0}
+    assert _actor_options(make_args(rm_num_gpus_per_worker=0.5), None, None, {"env_vars": {"A": "1"}}) == {
+        "num_cpus": 0.25, "num_gpus": 0.5, "runtime_env": {"env_vars": {"A": "1"}}}
