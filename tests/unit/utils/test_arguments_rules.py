@@ -1,0 +1,428 @@
+"""Every validation rule: what it accepts, what it refuses, and the one-line message with the fix."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from miles.utils.arguments import ConfigError, parse_args, validate_argv
+
+BASE = ["--hf-checkpoint", "/ckpt/sd3-tiny", "--num-rollout", "2", "--rm-type", "brightness",
+        "--prompt-data", "prompts.jsonl"]
+# Wan2.2 at 10 steps, shift 12: steps 0..6 on `transformer`, 7..9 on `transformer_2`.
+WAN = ["--hf-checkpoint", "/ckpt/wan2.2-tiny", "--num-rollout", "2", "--rm-type", "brightness",
+       "--prompt-data", "prompts.jsonl", "--diffusion-guidance-scale-2", "3.0"]
+# 32 prompts x 16 samples, 2 SDE steps, 4 DP ranks: 1024 pairs, 256 per rank.
+WORKED = ["--rollout-batch-size", "32", "--n-samples-per-prompt", "16", "--diffusion-num-sde-steps", "2",
+          "--actor-num-gpus-per-node", "4", "--colocate"]
+
+
+def plan(*extra, base=BASE):
+    return validate_argv([*base, *extra])
+
+
+def refused(match, *extra, base=BASE) -> str:
+    with pytest.raises(ConfigError) as error:
+        validate_argv([*base, *extra])
+    message = str(error.value)
+    assert re.search(match, message), message
+    assert "\n" not in message
+    return message
+
+
+def test_worked_example_of_the_design_gives_its_counts():
+    p = plan(*WORKED, "--num-steps-per-rollout", "2", "--micro-batch-size-sample", "8",
+             "--micro-batch-size-tstep", "1", base=BASE[:1] + ["/ckpt/qwen-image"] + BASE[2:])
+    assert (p.samples_per_rollout, p.train_pairs, p.dp_size) == (512, 1024, 4)
+    assert (p.pairs_per_rank, p.pairs_per_step_per_rank) == (256, 128)
+    assert (p.pairs_per_forward, p.forwards_per_step, p.global_batch_size) == (8, 16, 256)
+
+
+# ---- the trajectory-level invariant ----
+
+def test_num_steps_per_rollout_derives_the_global_batch_size():
+    ns = parse_args(BASE + ["--num-steps-per-rollout", "4"])
+    assert (ns.global_batch_size, ns.num_steps_per_rollout) == (64, 4)
+
+
+def test_global_batch_size_derives_the_num_steps_per_rollout():
+    ns = parse_args(BASE + ["--global-batch-size", "32"])
+    assert (ns.global_batch_size, ns.num_steps_per_rollout) == (32, 8)
+
+
+def test_neither_batch_knob_means_one_optimizer_step_per_rollout():
+    ns = parse_args(BASE)
+    assert (ns.global_batch_size, ns.num_steps_per_rollout) == (256, 1)
+
+
+def test_consistent_global_batch_size_and_steps_are_accepted_together():
+    assert plan("--global-batch-size", "64", "--num-steps-per-rollout", "4").num_steps_per_rollout == 4
+
+
+def test_contradicting_global_batch_size_and_steps_abort():
+    refused(r"--global-batch-size 64 x --num-steps-per-rollout 2 = 128 contradicts samples per rollout=256 "
+            r".*fix: set only one", "--global-batch-size", "64", "--num-steps-per-rollout", "2")
+
+
+def test_global_batch_size_that_does_not_divide_the_samples_is_refused():
+    refused(r"samples per rollout=256 .* not divisible by --global-batch-size 48; fix",
+            "--global-batch-size", "48")
+
+
+def test_steps_per_rollout_that_split_a_sample_across_steps_are_refused():
+    # 6 samples x 2 pairs = 12 pairs split into 4 steps of 3, but 6 samples do not make 4 equal steps
+    refused(r"not divisible by --num-steps-per-rollout 4, so an optimizer step would hold 1.5 samples",
+            "--rollout-batch-size", "3", "--n-samples-per-prompt", "2", "--diffusion-num-sde-steps", "2",
+            "--num-steps-per-rollout", "4")
+
+
+def test_global_batch_size_not_divisible_by_dp_size_is_refused():
+    refused(r"global_batch_size=2 not divisible by dp_size=4; fix", *WORKED, "--global-batch-size", "2")
+
+
+def test_pair_shard_rule_gives_the_exact_message_and_the_fix():
+    message = refused(r"^num_pairs_shard=256 not divisible by num_steps_per_rollout=3; fix: adjust "
+                      r"--rollout-batch-size, --n-samples-per-prompt or --num-steps-per-rollout",
+                      *WORKED, "--num-steps-per-rollout", "3")
+    assert "num_pairs_shard=N" not in message
+
+
+def test_pairs_that_do_not_deal_to_the_dp_ranks_are_refused():
+    refused(r"train pairs=6 .* not divisible by dp_size=4", "--rollout-batch-size", "3",
+            "--n-samples-per-prompt", "2", "--diffusion-num-sde-steps", "1", "--actor-num-gpus-per-node", "4")
+
+
+def test_dp_size_divides_out_the_sequence_parallel_size():
+    assert plan(*WORKED, "--sequence-parallel-size", "2").dp_size == 2
+
+
+def test_sequence_parallel_size_must_divide_the_train_ranks():
+    refused(r"train ranks=4 .* not divisible by --sequence-parallel-size 3", *WORKED,
+            "--sequence-parallel-size", "3")
+
+
+# ---- micro-batching ----
+
+def test_2d_tile_overrides_the_flat_micro_batch_size():
+    p = plan(*WORKED, "--micro-batch-size", "3", "--micro-batch-size-sample", "8", "--micro-batch-size-tstep", "2")
+    assert (p.pairs_per_forward, p.forwards_per_step) == (16, 16)
+
+
+@pytest.mark.parametrize("flag", ["--micro-batch-size-sample", "--micro-batch-size-tstep"])
+def test_2d_tile_needs_both_sizes(flag):
+    refused(r"a 2D tile needs both; fix: set both, or neither", flag, "2")
+
+
+def test_flat_micro_batch_must_divide_the_pairs_of_an_optimizer_step():
+    refused(r"pairs per optimizer step per rank=256 not divisible by micro_batch_size=3; fix: pick a "
+            r"--micro-batch-size", *WORKED, "--micro-batch-size", "3")
+
+
+def test_2d_tile_must_divide_the_samples_and_timesteps_of_an_optimizer_step():
+    refused(r"window of 128 samples x 2 timesteps does not tile into 8 x 3", *WORKED,
+            "--micro-batch-size-sample", "8", "--micro-batch-size-tstep", "3")
+
+
+def test_2d_tile_of_a_stride_shard_that_is_no_grid_is_refused():
+    # 3 ranks deal 6 samples x 2 steps round-robin: rank 0 gets (0,0), (1,1), (3,0), (4,1)
+    refused(r"not a full samples x timesteps grid.*--train-dp-split-mode contiguous",
+            "--rollout-batch-size", "3", "--n-samples-per-prompt", "2", "--diffusion-num-sde-steps", "2",
+            "--actor-num-gpus-per-node", "3", "--train-dp-split-mode", "stride",
+            "--micro-batch-size-sample", "1", "--micro-batch-size-tstep", "1")
+
+
+def test_stride_split_with_2d_tiles_gives_each_rank_whole_timesteps():
+    p = plan(*WORKED, "--train-dp-split-mode", "stride", "--micro-batch-size-sample", "16",
+             "--micro-batch-size-tstep", "1")
+    assert (p.pairs_per_rank, p.forwards_per_step) == (256, 16)
+
+
+# ---- the step strategy ----
+
+def test_trained_steps_default_to_all_denoising_steps():
+    ns = parse_args(BASE + ["--diffusion-num-steps", "6"])
+    assert ns.diffusion_num_sde_steps == 6
+    assert plan("--diffusion-num-steps", "6").train_pairs == 256 * 6
+
+
+def test_more_sde_steps_than_denoising_steps_is_refused():
+    refused(r"--diffusion-num-sde-steps 5 > --diffusion-num-steps 4", "--diffusion-num-steps", "4",
+            "--diffusion-num-sde-steps", "5")
+
+
+def test_sde_window_must_fit_in_the_schedule():
+    refused(r"max-start 9 \+ .* 2 > --diffusion-num-steps 10; fix: lower the max start to 8",
+            "--diffusion-num-sde-steps", "2", "--diffusion-sde-window-max-start", "9")
+
+
+def test_window_max_start_belongs_to_sde_window_only():
+    refused(r"applies to the sde_window strategy only", "--diffusion-num-sde-steps", "2",
+            "--diffusion-sde-window-max-start", "1", "--diffusion-step-strategy-path", "epoch_global_random_choice")
+
+
+@pytest.mark.parametrize("path", ["my_pkg.strategies:pick", "my_pkg.strategies.pick"])
+def test_custom_step_strategy_is_a_dotted_path(path):
+    assert plan("--diffusion-step-strategy-path", path).step_strategy == path
+
+
+def test_step_strategy_that_is_no_path_is_refused():
+    refused(r"'window' is neither sde_window nor epoch_global_random_choice", "--diffusion-step-strategy-path", "window")
+
+
+# ---- Wan2.2 ----
+
+def test_wan22_flat_micro_batch_across_the_expert_boundary_is_refused_with_the_exact_message():
+    message = refused(r"^Micro-batch mixes denoising phases \(Wan2\.2\).*fix: --micro-batch-size 1 or a "
+                      r"phase-pure tiling", "--micro-batch-size", "2", base=WAN)
+    assert "steps [6, 7]" in message
+
+
+def test_wan22_flat_micro_batch_of_one_is_accepted():
+    assert plan("--micro-batch-size", "1", base=WAN).pairs_per_forward == 1
+
+
+def test_wan22_flat_pairs_that_stay_on_one_side_are_accepted():
+    # steps 0..1 of a 2-step window at start 0 are both high-noise
+    assert plan("--diffusion-num-sde-steps", "2", "--micro-batch-size", "2", base=WAN).pairs_per_forward == 2
+
+
+def test_wan22_every_window_start_is_checked():
+    # starts 0..5 stay before step 7; start 6 puts steps 6 and 7 in one forward
+    assert plan("--diffusion-num-sde-steps", "2", "--diffusion-sde-window-max-start", "5",
+                "--micro-batch-size", "2", base=WAN)
+    refused(r"Micro-batch mixes denoising phases \(Wan2\.2\).*steps \[6, 7\]", "--diffusion-num-sde-steps", "2",
+            "--diffusion-sde-window-max-start", "6", "--micro-batch-size", "2", base=WAN)
+
+
+def test_wan22_one_timestep_tiles_are_phase_pure():
+    p = plan("--micro-batch-size-sample", "8", "--micro-batch-size-tstep", "1", base=WAN)
+    assert p.pairs_per_forward == 8
+
+
+def test_wan22_random_step_choice_is_checked_conservatively():
+    refused(r"Micro-batch mixes denoising phases", "--diffusion-num-sde-steps", "2", "--micro-batch-size", "2",
+            "--diffusion-step-strategy-path", "epoch_global_random_choice", base=WAN)
+
+
+def test_wan22_random_choice_of_every_step_is_checked_as_the_one_choice_it_is():
+    # 8 steps at shift 12: steps 0..5 high-noise, 6..7 low. Choosing all 8 leaves one choice, and
+    # flat pairs (0,1) (2,3) (4,5) (6,7) never straddle step 6; an unknown custom order might.
+    argv = ["--diffusion-num-steps", "8", "--micro-batch-size", "2"]
+    assert plan(*argv, "--diffusion-step-strategy-path", "epoch_global_random_choice", base=WAN)
+    refused(r"Micro-batch mixes denoising phases", *argv, "--diffusion-step-strategy-path", "my_pkg.pick",
+            base=WAN)
+
+
+def test_wan22_custom_strategy_mixing_two_steps_is_refused():
+    refused(r"Micro-batch mixes denoising phases", "--diffusion-num-sde-steps", "2", "--micro-batch-size", "2",
+            "--diffusion-step-strategy-path", "my_pkg.pick", base=WAN)
+
+
+def test_wan22_shift_moves_the_boundary():
+    # shift 1: steps 0..1 high-noise, so a 2-step window at start 0 is pure, at 1 it mixes
+    refused(r"steps \[1, 2\]", "--diffusion-shift", "1.0", "--diffusion-num-sde-steps", "2",
+            "--diffusion-sde-window-max-start", "1", "--micro-batch-size", "2", base=WAN)
+
+
+def test_wan22_plan_names_the_expert_of_every_trainable_step():
+    p = plan("--diffusion-num-sde-steps", "2", "--diffusion-sde-window-max-start", "6", base=WAN)
+    assert p.trainable_steps == tuple(range(8))
+    assert [p.expert_for_step(s) for s in (6, 7)] == ["transformer", "transformer_2"]
+    assert "step 7 (sigma" in p.table() and "trains transformer_2" in p.table()
+
+
+def test_wan22_needs_guidance_scale_2_when_the_low_noise_expert_runs():
+    refused(r"--diffusion-guidance-scale-2 is required: the run samples steps 7..9 on the low-noise "
+            r"expert transformer_2; fix", "--diffusion-num-sde-steps", "2", base=WAN[:-2])
+
+
+def test_wan22_needs_guidance_scale_2_when_the_low_noise_expert_trains():
+    refused(r"--diffusion-guidance-scale-2 is required: the run trains", "--loss-type", "sft_loss",
+            "--train-only", base=WAN[:-2])
+
+
+def test_wan22_sft_on_high_noise_steps_only_needs_no_second_scale():
+    assert plan("--loss-type", "sft_loss", "--train-only", "--diffusion-num-sde-steps", "2", base=WAN[:-2])
+
+
+def test_second_guidance_scale_on_a_one_expert_family_is_refused():
+    refused(r"--diffusion-guidance-scale-2 given but sd3 has one expert", "--diffusion-guidance-scale-2", "3")
+
+
+# ---- the GPU layout ----
+
+def test_layout_needing_more_gpus_than_the_job_has_is_refused():
+    refused(r"the GPU layout needs 10 GPUs \(train 8 = 1 x 8, rollout 1, reward 1 = 4 x 0.25\) but the job "
+            r"has 8 \(--num-nodes 1 x --num-gpus-per-node 8\); fix", "--actor-num-gpus-per-node", "8",
+            "--rm-num-workers", "4", "--rm-num-gpus-per-worker", "0.25")
+
+
+def test_colocated_rollout_shares_the_train_gpus():
+    ns = parse_args(BASE + ["--actor-num-gpus-per-node", "4", "--colocate", "--rm-num-gpus-per-worker", "1",
+                            "--num-gpus-per-node", "5"])
+    assert ns.rollout_num_gpus == 4
+
+
+def test_rollout_gpus_default_to_one_without_colocate():
+    assert parse_args(BASE).rollout_num_gpus == 1
+
+
+def test_colocated_rollout_cannot_exceed_the_train_gpus():
+    refused(r"--colocate shares the train GPUs .* --rollout-num-gpus 2 > train GPUs=1", "--colocate",
+            "--rollout-num-gpus", "2")
+
+
+def test_rollout_gpus_divide_into_engines():
+    refused(r"rollout GPUs=3 not divisible by --rollout-num-gpus-per-engine 2", "--rollout-num-gpus", "3",
+            "--rollout-num-gpus-per-engine", "2")
+
+
+def test_train_gpus_per_node_fit_a_node():
+    refused(r"--actor-num-gpus-per-node 9 > --num-gpus-per-node 8", "--actor-num-gpus-per-node", "9",
+            "--rollout-batch-size", "36", "--colocate")
+
+
+def test_train_nodes_fit_the_job():
+    refused(r"--actor-num-nodes 2 > --num-nodes 1", "--actor-num-nodes", "2", "--num-nodes", "1")
+
+
+def test_job_nodes_default_to_the_train_nodes():
+    assert parse_args(BASE + ["--actor-num-nodes", "2"]).num_nodes == 2
+
+
+def test_separate_reward_node_is_counted_with_num_nodes():
+    # 2 x 8 colocated train + rollout, 4 reward workers x 0.25 GPU on a third node
+    argv = ["--actor-num-nodes", "2", "--actor-num-gpus-per-node", "8", "--colocate",
+            "--rm-num-workers", "4", "--rm-num-gpus-per-worker", "0.25"]
+    refused(r"needs 17 GPUs", *argv)
+    assert parse_args(BASE + argv + ["--num-nodes", "3"]).num_nodes == 3
+
+
+def test_colocated_reward_needs_no_gpus_of_its_own():
+    assert plan("--actor-num-gpus-per-node", "7", "--rm-num-workers", "4", "--rm-num-gpus-per-worker", "1",
+                "--colocate-reward", "--global-batch-size", "7", "--rollout-batch-size", "7")
+
+
+def test_train_only_runs_no_rollout_engines():
+    assert plan("--actor-num-gpus-per-node", "8", "--loss-type", "sft_loss", "--train-only",
+                "--rollout-num-gpus", "4")
+
+
+def test_cpu_layout_counts_worker_slots():
+    refused(r"needs 3 CPU slots .* the job has 2", "--device", "cpu", "--actor-num-gpus-per-node", "2",
+            "--num-gpus-per-node", "2")
+    assert plan("--device", "cpu", "--actor-num-gpus-per-node", "2", "--num-gpus-per-node", "2", "--colocate")
+
+
+# ---- cross-flag rules ----
+
+@pytest.mark.parametrize("extra,match", [
+    (["--save-interval", "5"], r"--save-interval 5 needs --save DIR; fix"),
+    (["--lora-rank", "8"], r"--lora-rank given without --use-lora; fix"),
+    (["--lora-alpha", "8", "--lora-target-modules", "to_q"], r"--lora-alpha, --lora-target-modules given without"),
+    (["--num-epoch", "1"], r"exactly one of --num-rollout or --num-epoch is required, both were given"),
+    (["--train-only"], r"--train-only runs no rollout engines, which --loss-type policy_loss needs"),
+    (["--loss-type", "sft_loss", "--debug-rollout-only"], r"--debug-rollout-only needs rollouts"),
+    (["--diffusion-kl-beta", "0.02"], r"--diffusion-kl-beta 0.02 needs a reference policy; fix: add --use-lora"),
+    (["--diffusion-kl-beta", "0.02", "--use-ema", "--diffusion-kl-reference", "lora_base"],
+     r"--diffusion-kl-reference lora_base needs --use-lora"),
+    (["--diffusion-kl-beta", "0.02", "--use-lora", "--diffusion-kl-reference", "ema"],
+     r"--diffusion-kl-reference ema needs --use-ema"),
+    (["--custom-rm-path", "my_pkg.rm:score"], r"--rm-type brightness and --custom-rm-path my_pkg.rm:score both"),
+    (["--custom-loss-function-path", "not a path"], r"--custom-loss-function-path 'not a path' is not a pkg.mod:fn"),
+    (["--min-lr", "1e-3"], r"--min-lr 0.001 > --lr 0.0001"),
+    (["--rollout-microgroup-size", "3"], r"--rollout-microgroup-size 3 does not divide --n-samples-per-prompt 8"),
+    (["--update-weight-target-module", "transformer_2"], r"sd3 has only transformer"),
+    (["--diffusion-model-family", "sd3", "--hf-checkpoint", "/ckpt/mystery"], None),
+])
+def test_cross_flag_rule_refuses_the_combination(extra, match):
+    if match is None:  # an explicit family overrides the name match: accepted
+        assert plan(*extra)
+        return
+    refused(match, *extra)
+
+
+def test_run_length_is_required():
+    refused(r"exactly one of --num-rollout or --num-epoch is required, neither", base=[
+        "--hf-checkpoint", "/ckpt/sd3", "--rm-type", "x", "--prompt-data", "p"])
+
+
+def test_reward_is_required_unless_sft():
+    base = ["--hf-checkpoint", "/ckpt/sd3", "--num-rollout", "1", "--prompt-data", "p"]
+    refused(r"--loss-type policy_loss needs a reward; fix: add --rm-type", base=base)
+    assert plan("--loss-type", "sft_loss", base=base)
+
+
+def test_prompt_data_is_required():
+    refused(r"--prompt-data is required", base=BASE[:-2])
+
+
+def test_family_that_cannot_be_told_from_the_checkpoint_is_refused():
+    refused(r"cannot tell the model family from --hf-checkpoint '/ckpt/mystery'; pass --diffusion-model-family",
+            "--hf-checkpoint", "/ckpt/mystery")
+
+
+def test_kl_with_a_reference_is_accepted():
+    assert parse_args(BASE + ["--diffusion-kl-beta", "0.02", "--use-ema"]).diffusion_kl_reference == "ema"
+    assert parse_args(BASE + ["--diffusion-kl-beta", "0.02", "--use-lora"]).diffusion_kl_reference == "lora_base"
+
+
+# ---- values derived from other flags ----
+
+def test_lora_defaults_follow_the_rank_and_the_family():
+    ns = parse_args(BASE + ["--use-lora"])
+    assert (ns.lora_rank, ns.lora_alpha) == (32, 32)
+    assert "to_q" in ns.lora_target_modules and "add_q_proj" in ns.lora_target_modules
+    assert parse_args(BASE + ["--use-lora", "--lora-rank", "8"]).lora_alpha == 8
+
+
+def test_lora_values_stay_unset_without_lora():
+    ns = parse_args(BASE)
+    assert (ns.lora_rank, ns.lora_alpha, ns.lora_target_modules) == (None, None, None)
+
+
+def test_family_defaults_are_filled_in():
+    ns = parse_args(BASE[:1] + ["/ckpt/ltx-video"] + BASE[2:])
+    assert (ns.diffusion_model_family, ns.diffusion_sde_type, ns.diffusion_shift) == ("ltx", "cps", 3.0)
+    assert ns.update_weight_target_module == ["transformer"]
+    ns = parse_args(WAN)
+    assert ns.update_weight_target_module == ["transformer", "transformer_2"] and ns.diffusion_shift == 12.0
+
+
+def test_explicit_sampling_values_are_kept():
+    ns = parse_args(BASE + ["--diffusion-sde-type", "ode", "--diffusion-shift", "2.5"])
+    assert (ns.diffusion_sde_type, ns.diffusion_shift) == ("ode", 2.5)
+
+
+def test_start_rollout_id_is_zero_fresh_and_left_to_the_checkpoint_with_load():
+    assert parse_args(BASE).start_rollout_id == 0
+    assert parse_args(BASE + ["--load", "ckpt"]).start_rollout_id is None
+    assert parse_args(BASE + ["--load", "ckpt", "--start-rollout-id", "3"]).start_rollout_id == 3
+
+
+def test_run_dir_defaults_to_a_timestamped_dir_under_runs():
+    assert re.fullmatch(r"runs/\d{8}-\d{6}", parse_args(BASE).run_dir)
+    assert parse_args(BASE + ["--run-dir", "out/x"]).run_dir == "out/x"
+
+
+def test_microgroup_defaults_to_all_samples_of_a_prompt():
+    assert parse_args(BASE).rollout_microgroup_size == 8
+
+
+def test_validation_of_a_validated_namespace_is_stable():
+    from miles.utils.arguments import validate_args
+
+    ns = parse_args(BASE + ["--use-lora", "--global-batch-size", "64"])
+    before = vars(ns).copy()
+    assert validate_args(ns) == validate_argv(BASE + ["--use-lora", "--global-batch-size", "64"])
+    assert vars(ns) == before
+
+
+def test_compute_batch_plan_leaves_the_namespace_alone():
+    from miles.utils.arguments import build_parser, compute_batch_plan
+
+    ns = build_parser().parse_args(BASE + ["--num-steps-per-rollout", "2"])
+    before = vars(ns).copy()
+    assert compute_batch_plan(ns).global_batch_size == 128
+    assert vars(ns) == before
