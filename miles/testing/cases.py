@@ -1,0 +1,251 @@
+"""Recipe cases: what to run, on which tier, and how long it may take.
+
+A `RecipeCase` names a recipe script plus the arguments, environment and resources of one way
+of running it. Test modules list cases and hand them to `parametrize_cases`, which gives every
+case a pytest id starting with the recipe's file stem (so `pytest -k wan22` selects by recipe)
+and the markers of its tier.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Iterable, Mapping, Sequence
+
+import pytest
+
+TIERS = ("dry", "cpu", "gpu")
+
+# What each tier defaults to: (args, timeout seconds, estimated seconds, suites).
+CPU_PROXY_ARGS = ("--scale", "cpu-proxy", "--num-rollout", "2")
+_TIER_DEFAULTS = {
+    "dry": ((), 120.0, 2.0, ("cpu",)),
+    "cpu": (CPU_PROXY_ARGS, 600.0, 90.0, ("cpu",)),
+    "gpu": ((), 3600.0, 900.0, ("nightly-gpu",)),
+}
+
+# pytest-timeout must not fire before the harness's own timeout has ended the run and written
+# its report, so cases get this much slack on top of their own limit.
+PYTEST_TIMEOUT_SLACK = 120.0
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """How far a metric may drift from its committed standard, and why that is acceptable."""
+
+    reason: str
+    abs: float = 0.0
+    rel: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.reason or not self.reason.strip():
+            raise ValueError("a Tolerance needs a reason: say what spread was measured and where")
+        if self.abs < 0 or self.rel < 0:
+            raise ValueError("tolerances are non-negative")
+
+    def allows(self, actual: float, expected: float) -> bool:
+        return abs(actual - expected) <= self.abs + self.rel * abs(expected)
+
+
+@dataclass(frozen=True)
+class RecipeCase:
+    """One way of running one recipe.
+
+    script: the recipe, relative to the repository root (or absolute).
+    args: script options (`--scale cpu-proxy`, `--num-rollout 2`, `--extra-args ...`).
+    env: extra environment for the recipe process.
+    gpus: GPUs leased for the run (0 for the dry and CPU tiers).
+    timeout: seconds before the harness ends the run.
+    metrics: metric keys of metrics.jsonl compared with the committed standard.
+    tolerances: per-metric `Tolerance` (with its reason); metrics without one compare strictly.
+    tier: "dry", "cpu" or "gpu".
+    suites: CI suites the case belongs to ("cpu", "nightly-gpu").
+    est_time: expected wall time in seconds (the CI scheduler packs by it).
+    labels: free-form tags for selection in CI.
+    variant: distinguishes several cases of one recipe on the same tier.
+    parity: whether the run must log the train/rollout parity probe (exactly 0.0).
+    ray_nodes: 0 = the recipe starts its own Ray head; N >= 1 = the harness builds an N-node
+        cluster on loopback and runs the recipe against it with MILES_SCRIPT_EXTERNAL_RAY=1.
+    root: repository root the script is relative to (None = found from pytest's rootdir).
+    """
+
+    script: str
+    args: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    gpus: int = 0
+    timeout: float = 600.0
+    metrics: tuple[str, ...] = ()
+    tolerances: Mapping[str, Tolerance] = field(default_factory=dict)
+    tier: str = "cpu"
+    suites: tuple[str, ...] = ("cpu",)
+    est_time: float = 60.0
+    labels: tuple[str, ...] = ()
+    variant: str = ""
+    parity: bool = True
+    ray_nodes: int = 0
+    name: str = ""
+    root: Path | None = None
+
+    def __post_init__(self) -> None:
+        if self.tier not in TIERS:
+            raise ValueError(f"tier must be one of {TIERS}, got {self.tier!r}")
+        if self.tier == "gpu" and self.gpus < 1:
+            raise ValueError(f"{self.script}: a GPU-tier case needs gpus >= 1")
+        if self.tier != "gpu" and self.gpus:
+            raise ValueError(f"{self.script}: only GPU-tier cases lease GPUs (tier {self.tier!r})")
+        unknown = set(self.tolerances) - set(self.metrics)
+        if unknown:
+            raise ValueError(f"{self.script}: tolerances for metrics not compared: {sorted(unknown)}")
+        for key, tol in self.tolerances.items():
+            if not isinstance(tol, Tolerance):
+                raise TypeError(f"{self.script}: tolerance of {key!r} must be a Tolerance with a reason")
+        # Normalise sequences so cases hash and compare by value.
+        object.__setattr__(self, "args", tuple(str(a) for a in self.args))
+        object.__setattr__(self, "metrics", tuple(self.metrics))
+        object.__setattr__(self, "suites", tuple(self.suites))
+        object.__setattr__(self, "labels", tuple(self.labels))
+        object.__setattr__(self, "env", dict(self.env))
+        object.__setattr__(self, "tolerances", dict(self.tolerances))
+        if not self.name:
+            parts = [self.stem, self.tier] + ([self.variant] if self.variant else [])
+            object.__setattr__(self, "name", "-".join(parts))
+
+    def __hash__(self) -> int:
+        return hash((self.name, self.script, self.args))
+
+    # -- constructors for the three tiers ------------------------------------------------
+    @classmethod
+    def _tier(cls, tier: str, script: str | Path, **kw) -> "RecipeCase":
+        args, timeout, est, suites = _TIER_DEFAULTS[tier]
+        kw.setdefault("args", args)
+        kw.setdefault("timeout", timeout)
+        kw.setdefault("est_time", est)
+        kw.setdefault("suites", suites)
+        return cls(script=str(script), tier=tier, **kw)
+
+    @classmethod
+    def dry(cls, script: str | Path, **kw) -> "RecipeCase":
+        """The recipe as a user runs it, with submission off: argv snapshot and static checks."""
+        kw.setdefault("parity", False)
+        return cls._tier("dry", script, **kw)
+
+    @classmethod
+    def cpu(cls, script: str | Path, **kw) -> "RecipeCase":
+        """The recipe's CPU proxy (`--scale cpu-proxy --num-rollout 2` unless args say otherwise)."""
+        return cls._tier("cpu", script, **kw)
+
+    @classmethod
+    def gpu(cls, script: str | Path, gpus: int, **kw) -> "RecipeCase":
+        """The recipe (or its documented GPU proxy) on `gpus` leased GPUs; nightly."""
+        return cls._tier("gpu", script, gpus=gpus, **kw)
+
+    # -- derived facts -------------------------------------------------------------------
+    @property
+    def stem(self) -> str:
+        return Path(self.script).stem
+
+    @property
+    def id(self) -> str:
+        return self.name
+
+    def with_(self, **changes) -> "RecipeCase":
+        changes.setdefault("name", "")
+        return replace(self, **changes)
+
+    def script_path(self, rootdir: Path | None = None) -> Path:
+        """The recipe's absolute path: `root` if the case has one, else looked up from `rootdir`
+        and its parents (so a run from a sub-directory still finds `scripts/`)."""
+        p = Path(self.script)
+        if p.is_absolute():
+            return p
+        if self.root is not None:
+            return Path(self.root) / p
+        start = Path(rootdir or Path.cwd()).resolve()
+        for base in (start, *start.parents):
+            if (base / p).exists():
+                return base / p
+        return start / p
+
+    def repo_root(self, rootdir: Path | None = None) -> Path:
+        """Directory the recipe runs from: the one holding `scripts/`."""
+        path = self.script_path(rootdir)
+        rel_parts = len(Path(self.script).parts) if not Path(self.script).is_absolute() else 2
+        return path.parents[rel_parts - 1]
+
+    def pytest_timeout(self) -> float:
+        return self.timeout + PYTEST_TIMEOUT_SLACK
+
+    def marks(self) -> list[pytest.MarkDecorator]:
+        marks = [pytest.mark.e2e, pytest.mark.timeout(self.pytest_timeout())]
+        if self.tier == "dry":
+            marks.append(pytest.mark.dry)
+        if self.tier == "gpu":
+            marks += [pytest.mark.nightly, pytest.mark.gpu(self.gpus)]
+        return marks
+
+    def to_json(self, nodeid: str = "") -> dict:
+        """The record the CI suite runner reads (docs/testing.md, "Case metadata")."""
+        return {
+            "nodeid": nodeid,
+            "name": self.name,
+            "recipe": self.script,
+            "tier": self.tier,
+            "gpus": self.gpus,
+            "timeout": self.timeout,
+            "est_time": self.est_time,
+            "suites": list(self.suites),
+            "labels": list(self.labels),
+        }
+
+
+def parametrize_cases(cases: Iterable[RecipeCase], argname: str = "recipe_case"):
+    """`@parametrize_cases(CASES)`: one test per case, id = case name, marks of its tier."""
+    cases = list(cases)
+    names = [c.name for c in cases]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ValueError(f"case names must be unique; repeated: {dupes} (set variant=...)")
+    params = [pytest.param(c, id=c.name, marks=c.marks()) for c in cases]
+    return pytest.mark.parametrize(argname, params)
+
+
+def discover_recipes(root: str | Path, pattern: str = "scripts/run_*.py") -> list[str]:
+    """Recipe scripts under `root`, relative to it, sorted."""
+    root = Path(root)
+    return sorted(p.relative_to(root).as_posix() for p in root.glob(pattern) if p.is_file())
+
+
+def dry_cases(root: str | Path, pattern: str = "scripts/run_*.py", **kw) -> list[RecipeCase]:
+    """A dry case for every recipe matching `pattern` under `root`: adding a recipe file adds
+    its dry check, with no test edit."""
+    root = Path(root).resolve()
+    return [RecipeCase.dry(s, root=root, **kw) for s in discover_recipes(root, pattern)]
+
+
+def find_repo_root(start: str | Path) -> Path:
+    """The nearest directory at or above `start` that holds a `scripts/` folder."""
+    start = Path(start).resolve()
+    if start.is_file():
+        start = start.parent
+    for base in (start, *start.parents):
+        if (base / "scripts").is_dir():
+            return base
+    raise FileNotFoundError(f"no scripts/ directory at or above {start}")
+
+
+def case_of(item: pytest.Item, argname: str = "recipe_case") -> RecipeCase | None:
+    """The RecipeCase a collected test item was parametrized with, if any."""
+    callspec = getattr(item, "callspec", None)
+    if callspec is None:
+        return None
+    value = callspec.params.get(argname)
+    return value if isinstance(value, RecipeCase) else None
+
+
+def cases_metadata(items: Sequence[pytest.Item]) -> list[dict]:
+    out = []
+    for item in items:
+        case = case_of(item)
+        if case is not None:
+            out.append(case.to_json(item.nodeid))
+    return out

@@ -1,0 +1,315 @@
+"""Dry checks: run a recipe with submission off, read its plan, validate the argv in process.
+
+The recipe runs as a subprocess with `MILES_SCRIPT_ENABLE_RAY_SUBMIT=0` and an output dir of
+its own; the launcher then only writes `<output_dir>/<run_id>/plan.json`. The plan's argv is
+handed to `train_diffusion.py`'s own validator (`miles.utils.arguments.validate_argv`) in this
+process — no torch, no Ray — and the static invariants are asserted on the batch plan it
+returns.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from miles.testing.cases import RecipeCase
+from miles.testing.snapshot import Normalizer, render_plan
+
+DRY_RUN_ENV = "MILES_SCRIPT_ENABLE_RAY_SUBMIT"
+
+# Inherited variables that would change what a recipe assembles (script options, the GPUs of
+# this shell, wandb, an outer cluster); dry runs drop them so a snapshot is the same anywhere.
+_SCRUB_PREFIXES = ("MILES_", "SLURM_", "WANDB_")
+_SCRUB_NAMES = ("CUDA_VISIBLE_DEVICES", "MASTER_ADDR", "RAY_ADDRESS", "PYTHONBREAKPOINT")
+
+
+class DryCheckFailure(AssertionError):
+    """A dry check failed; the message is written for the recipe's author."""
+
+
+def scrubbed_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ if base is None else base)
+    for name in list(env):
+        if name.startswith(_SCRUB_PREFIXES) or name in _SCRUB_NAMES:
+            del env[name]
+    return env
+
+
+def tail(text: str, n: int = 200) -> str:
+    lines = text.splitlines()
+    return "\n".join(lines[-n:])
+
+
+@dataclass
+class DryRun:
+    case: RecipeCase
+    command: list[str]
+    out_dir: Path
+    returncode: int
+    output: str
+    wall_time: float
+    plan_path: Path | None = None
+    plan: dict[str, Any] = field(default_factory=dict)
+    repo_root: Path | None = None
+
+    @property
+    def argv(self) -> list[str]:
+        return [str(a) for a in self.plan.get("argv", [])]
+
+    def normalizer(self) -> Normalizer:
+        repl: dict[str, str] = {}
+        if self.plan.get("run_dir"):
+            repl[str(self.plan["run_dir"])] = "<RUN_DIR>"
+        repl[str(self.out_dir)] = "<OUTPUT_DIR>"
+        ray_temp = (self.plan.get("ray") or {}).get("temp_dir")
+        if ray_temp:
+            repl[str(ray_temp)] = "<RAY_TEMP_DIR>"
+        if self.plan.get("run_id"):
+            repl[str(self.plan["run_id"])] = "<RUN_ID>"
+        if self.repo_root is not None:
+            repl[str(self.repo_root)] = "<REPO>"
+        repl[sys.executable] = "<PYTHON>"
+        home = os.path.expanduser("~")
+        if home not in ("/", ""):
+            repl[home] = "<HOME>"
+        return Normalizer(repl, secrets=_secret_values())
+
+    @property
+    def text(self) -> str:
+        """The plan as snapshot text (normalised, one flag per line)."""
+        return render_plan(self.plan, self.normalizer())
+
+    def describe_failure(self, headline: str) -> str:
+        return (
+            f"{headline}\n"
+            f"recipe: {self.case.script}\n"
+            f"command: {' '.join(self.command)}\n"
+            f"exit code: {self.returncode}\n"
+            f"--- last 200 lines of its output ---\n{tail(self.output)}"
+        )
+
+    def check_static(self, validate: Callable[[Sequence[str]], Any] | None = None):
+        """Validate the argv with the arguments module and assert the static invariants.
+        Returns the batch plan."""
+        return check_static(self, validate)
+
+
+def _secret_values() -> list[str]:
+    from miles.testing.snapshot import _SECRET_NAME
+
+    return [v for k, v in os.environ.items() if _SECRET_NAME.search(k) and len(v) >= 8]
+
+
+def run_dry(
+    case: RecipeCase,
+    out_dir: str | Path,
+    *,
+    rootdir: Path | None = None,
+    extra_env: Mapping[str, str] | None = None,
+    timeout: float | None = None,
+) -> DryRun:
+    """Run `case`'s recipe with submission off and read back its plan.
+
+    Raises DryCheckFailure when the recipe exits non-zero, times out or leaves no plan.
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    script = case.script_path(rootdir)
+    repo = case.repo_root(rootdir)
+    if not script.is_file():
+        raise DryCheckFailure(f"recipe {case.script} not found (looked under {repo})")
+    command = [sys.executable, str(script), *case.args, "--output-dir", str(out_dir)]
+    env = scrubbed_env()
+    env.update(
+        {
+            DRY_RUN_ENV: "0",
+            "PYTHONUNBUFFERED": "1",
+            "NO_COLOR": "1",
+            "COLUMNS": "200",
+        }
+    )
+    env.update(case.env)
+    env.update(extra_env or {})
+    start = time.monotonic()
+    try:
+        proc = subprocess.run(
+            command, cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL, text=True, timeout=timeout or case.timeout,
+            start_new_session=True,
+        )
+        returncode, output = proc.returncode, proc.stdout
+    except subprocess.TimeoutExpired as e:
+        out = e.output.decode(errors="replace") if isinstance(e.output, bytes) else (e.output or "")
+        dry = DryRun(case, command, out_dir, -9, out, time.monotonic() - start, repo_root=repo)
+        raise DryCheckFailure(dry.describe_failure(
+            f"dry run of {case.script} did not finish within {timeout or case.timeout:.0f}s")) from None
+    dry = DryRun(case, command, out_dir, returncode, output, time.monotonic() - start, repo_root=repo)
+    if returncode != 0:
+        raise DryCheckFailure(dry.describe_failure(f"dry run of {case.script} failed"))
+    plans = sorted(out_dir.glob("*/plan.json"))
+    if len(plans) != 1:
+        raise DryCheckFailure(dry.describe_failure(
+            f"dry run of {case.script} should leave exactly one <output_dir>/<run_id>/plan.json, "
+            f"found {len(plans)}"))
+    dry.plan_path = plans[0]
+    dry.plan = json.loads(plans[0].read_text())
+    return dry
+
+
+# -- static invariants ---------------------------------------------------------------------
+
+def last_flag_values(argv: Sequence[str], flag: str) -> list[str] | None:
+    """The values given to the last occurrence of `flag` (later wins), or None if absent."""
+    found: list[str] | None = None
+    i = 0
+    argv = list(argv)
+    while i < len(argv):
+        tok = argv[i]
+        if tok == flag:
+            vals = []
+            j = i + 1
+            while j < len(argv) and not argv[j].startswith("--"):
+                vals.append(argv[j])
+                j += 1
+            found = vals
+            i = j
+            continue
+        if tok.startswith(flag + "="):
+            found = [tok.split("=", 1)[1]]
+        i += 1
+    return found
+
+
+def _as_values(value: Any) -> list[str]:
+    if value is None or value is True:
+        return []
+    if isinstance(value, (list, tuple)):
+        return [str(v) for v in value]
+    return [str(value)]
+
+
+def _values_equal(actual: list[str], expected: list[str]) -> bool:
+    if actual == expected:
+        return True
+    if len(actual) != len(expected):
+        return False
+    try:
+        return all(float(a) == float(b) for a, b in zip(actual, expected))
+    except ValueError:
+        return False
+
+
+def _default_validate(argv: Sequence[str]):
+    """train_diffusion.py's own parse + validation: (namespace, batch plan); raises ConfigError."""
+    from miles.utils.arguments import parse_and_plan
+
+    return parse_and_plan(list(argv))
+
+
+def check_static(dry: DryRun, validate: Callable[[Sequence[str]], Any] | None = None):
+    """Validate the argv in process and assert the static invariants: batch identity, pair
+    shards that divide, a GPU layout the launcher's cluster can hold, locked flags unchanged.
+
+    `validate(argv)` returns a batch plan or a (namespace, batch plan) pair and raises on an
+    invalid argv (default: `miles.utils.arguments.parse_and_plan`)."""
+    validate = validate or _default_validate
+    argv = dry.argv
+    recipe = dry.case.script
+    problems: list[str] = []
+    try:
+        result = validate(argv)
+    except SystemExit as e:  # argparse: unknown flag or bad value (it printed the reason)
+        raise DryCheckFailure(f"{recipe}: train_diffusion.py's parser rejects the assembled argv "
+                              f"(exit {e.code}); argv:\n    " + "\n    ".join(" ".join(g) for g in _groups(argv))) from None
+    except ValueError as e:  # ConfigError is a ValueError
+        raise DryCheckFailure(
+            f"{recipe}: train_diffusion.py rejects the assembled argv:\n    {e}\n"
+            f"argv:\n    " + "\n    ".join(" ".join(g) for g in _groups(argv))
+        ) from None
+    ns, bp = result if isinstance(result, tuple) else (None, result)
+
+    def get(name: str, default=None):
+        return getattr(bp, name, default)
+
+    samples = get("samples_per_rollout")
+    if samples is not None:
+        rbs, nsp = get("rollout_batch_size"), get("n_samples_per_prompt")
+        gbs, nspr = get("global_batch_size"), get("num_steps_per_rollout")
+        if rbs is not None and nsp is not None and rbs * nsp != samples:
+            problems.append(f"batch identity: rollout_batch_size {rbs} x n_samples_per_prompt {nsp} != samples {samples}")
+        if gbs is not None and nspr is not None and gbs * nspr != samples:
+            problems.append(f"batch identity: global_batch_size {gbs} x num_steps_per_rollout {nspr} != samples {samples}")
+        pairs, dp = get("train_pairs"), get("dp_size")
+        if pairs is not None and dp:
+            if pairs % dp:
+                problems.append(f"train pairs {pairs} do not divide over dp_size {dp}")
+            elif nspr and (pairs // dp) % nspr:
+                problems.append(
+                    f"num_pairs_shard={pairs // dp} not divisible by num_steps_per_rollout={nspr}")
+        if gbs is not None and dp and gbs % dp:
+            problems.append(f"global_batch_size {gbs} not divisible by dp_size {dp}")
+
+    problems += _check_gpu_layout(dry.plan, ns)
+    problems += _check_locked(dry.plan, argv)
+    if problems:
+        raise DryCheckFailure(f"{recipe}: static invariants violated:\n  - " + "\n  - ".join(problems))
+    return bp
+
+
+def _groups(argv):
+    from miles.testing.snapshot import group_flags
+
+    return group_flags(argv)
+
+
+def _check_gpu_layout(plan: Mapping, ns: Any) -> list[str]:
+    """The GPUs the argv's layout needs fit in the cluster the launcher builds (nodes x GPUs per
+    node, and the visible-device list when one is given)."""
+    if ns is None:
+        return []
+    nodes = int(plan.get("num_nodes") or 1)
+    per_node = int(plan.get("num_gpus_per_node") or 0)
+    if per_node == 0:  # a CPU job: the head starts with --num-gpus 0, train ranks use CPU slots
+        if getattr(ns, "device", "cpu") != "cpu":
+            return [f"the launcher starts a CPU job (num_gpus_per_node=0) but the argv trains on "
+                    f"--device {ns.device}"]
+        return []
+    try:
+        from miles.utils.validation import gpu_layout
+
+        needed = gpu_layout(ns).needed
+    except (ImportError, AttributeError):
+        return []
+    have = nodes * per_node
+    problems = []
+    if needed > have:
+        problems.append(f"GPU layout needs {needed} GPUs, the launcher's cluster has {nodes} x {per_node} = {have}")
+    arg_per_node = getattr(ns, "num_gpus_per_node", None)
+    if arg_per_node is not None and arg_per_node > per_node:
+        problems.append(f"--num-gpus-per-node {arg_per_node} in the argv, but the launcher gives each node {per_node}")
+    visible = plan.get("cuda_visible_devices")
+    if visible and nodes == 1:
+        n_visible = len([d for d in str(visible).split(",") if d.strip()])
+        if n_visible < per_node:
+            problems.append(f"cuda_visible_devices {visible!r} lists {n_visible} GPUs, the node needs {per_node}")
+    return problems
+
+
+def _check_locked(plan: Mapping, argv: Sequence[str]) -> list[str]:
+    problems = []
+    for flag, value in (plan.get("locked_flags") or {}).items():
+        actual = last_flag_values(argv, flag)
+        expected = _as_values(value)
+        if actual is None:
+            problems.append(f"locked flag {flag} is missing from the argv (locked to {' '.join(expected) or 'on'})")
+        elif not _values_equal(actual, expected):
+            problems.append(
+                f"locked flag {flag} changed: locked to {' '.join(expected) or 'on'!r}, "
+                f"argv ends with {' '.join(actual) or 'on'!r}")
+    return problems

@@ -1,0 +1,314 @@
+"""pytest hooks and fixtures of the recipe harness. Loaded as the `miles.testing` plugin."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+from pathlib import Path
+
+import pytest
+
+from miles.testing.cases import RecipeCase, case_of, cases_metadata, find_repo_root
+from miles.testing.cluster import LocalRayCluster
+from miles.testing.dry import DryCheckFailure, run_dry
+from miles.testing.invariants import check_run as run_invariants
+from miles.testing.leases import DEFAULT_LOCK_DIR, DEFAULT_MAX_USED_MIB, NoNvml, NotEnoughGpus, lease_gpus
+from miles.testing.runner import RecipeRun, new_token, run_recipe as _run_recipe, write_result_record
+from miles.testing.snapshot import PlanSnapshotAssertion, plan_snapshot_from
+from miles.testing.standards import (
+    build_standard,
+    compare_to_standard,
+    load_standard,
+    record_command,
+    standard_path,
+    write_standard,
+)
+
+RESULTS_DIR_ENV = "MILES_RESULTS_DIR"
+MODEL_DIR_ENV = "MILES_TEST_MODEL_DIR"
+_RUNS_KEY = pytest.StashKey[list]()
+_SKIP_KEY = pytest.StashKey[str]()
+
+MARKERS = {
+    "gpu(n)": "needs n GPUs leased through NVML; skipped with 'needs n GPUs, found m free' otherwise",
+    "e2e": "runs a recipe end to end (a dry check or a real run)",
+    "dry": "dry check of a recipe: argv snapshot and static validation, no cluster, seconds",
+    "nightly": "GPU tier, run by the nightly GPU suite",
+}
+
+
+# -- options and markers ----------------------------------------------------------------
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("miles", "miles-diffusion recipe harness")
+    group.addoption("--miles-cases-json", metavar="FILE", default=None,
+                    help="write the collected recipe cases (name, recipe, tier, gpus, timeout, "
+                         "est_time, suites, labels) to FILE as JSON")
+    group.addoption("--miles-record-standards", action="store_true", default=False,
+                    help="write the metric standards of the real runs selected, instead of "
+                         "comparing against them (never done by a normal run)")
+    group.addoption("--miles-standards-dir", metavar="DIR", default=None,
+                    help="where metric standards live (default: standards/ beside the test module)")
+    group.addoption("--miles-gpu-lock-dir", metavar="DIR", default=str(DEFAULT_LOCK_DIR),
+                    help="shared directory of per-GPU lock files (default %(default)s)")
+    group.addoption("--miles-gpu-wait", metavar="SECONDS", type=float, default=0.0,
+                    help="wait this long for GPUs that other tests hold before skipping (default 0)")
+    group.addoption("--miles-gpu-max-used-mib", metavar="MIB", type=float, default=DEFAULT_MAX_USED_MIB,
+                    help="a GPU with more memory in use than this is not free (default %(default)s)")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for name, help_text in MARKERS.items():
+        config.addinivalue_line("markers", f"{name}: {help_text}")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    wait = config.getoption("--miles-gpu-wait") or 0.0
+    if not wait:
+        return
+    for item in items:
+        case = case_of(item)
+        if case is not None and case.gpus:
+            item.add_marker(pytest.mark.timeout(case.pytest_timeout() + wait))
+
+
+def _is_xdist_controller(config: pytest.Config) -> bool:
+    return not hasattr(config, "workerinput") and bool(config.getoption("numprocesses", None))
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    path = session.config.getoption("--miles-cases-json")
+    if not path or _is_xdist_controller(session.config):
+        return
+    worker = getattr(session.config, "workerinput", {}).get("workerid")
+    if worker not in (None, "gw0"):
+        return
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(cases_metadata(session.items), indent=2) + "\n")
+    os.replace(tmp, out)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    outcome = yield
+    report = outcome.get_result()
+    runs: list[RecipeRun] = item.stash.get(_RUNS_KEY, [])
+    case = case_of(item)
+    if runs and report.when == "call":
+        for run in runs:
+            report.sections.append((f"miles run {run.case.name}",
+                                    f"output dir: {run.out_dir}\n{run.status()}; "
+                                    f"wall time {run.wall_time:.1f}s\nlog: {run.log_path}"))
+    results_dir = os.environ.get(RESULTS_DIR_ENV)
+    if not results_dir or case is None or case.tier == "dry":
+        return
+    if report.when == "call" and runs:
+        for run in runs:
+            write_result_record(results_dir, run.result_record(report.outcome, item.nodeid))
+    elif report.when == "setup" and report.outcome != "passed":
+        reason = ""
+        if report.skipped and isinstance(report.longrepr, tuple):
+            reason = report.longrepr[2]
+        write_result_record(results_dir, {
+            "nodeid": item.nodeid, "name": case.name, "outcome": report.outcome,
+            "wall_time": 0.0, "run_json": None, "throughput": None, "peak_memory": None,
+            "reason": reason or str(report.longrepr)[-2000:],
+        })
+    elif report.when == "call" and not runs:
+        write_result_record(results_dir, {
+            "nodeid": item.nodeid, "name": case.name, "outcome": report.outcome,
+            "wall_time": report.duration, "run_json": None, "throughput": None, "peak_memory": None,
+        })
+
+
+# -- fixtures ---------------------------------------------------------------------------
+
+@pytest.fixture
+def recipe_case(request: pytest.FixtureRequest) -> RecipeCase:
+    """The case of a test parametrized with `parametrize_cases`."""
+    raise pytest.UsageError(
+        f"{request.node.nodeid} asks for `recipe_case` but is not parametrized with it; "
+        "decorate it with @miles.testing.parametrize_cases(CASES)")
+
+
+@pytest.fixture(scope="session")
+def miles_repo_root(pytestconfig: pytest.Config) -> Path:
+    """The repository whose `scripts/` the cases refer to."""
+    try:
+        return find_repo_root(pytestconfig.rootpath)
+    except FileNotFoundError:
+        return Path(pytestconfig.rootpath)
+
+
+@pytest.fixture(scope="session")
+def model_cache_dir(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config) -> Path:
+    """One checkpoint cache for every run of the session, shared by all xdist workers (the
+    recipes' `ensure_checkpoint` makes each checkpoint once, under a file lock). Set
+    MILES_TEST_MODEL_DIR to keep one across sessions."""
+    if os.environ.get(MODEL_DIR_ENV):
+        path = Path(os.environ[MODEL_DIR_ENV])
+    else:
+        base = tmp_path_factory.getbasetemp()
+        if hasattr(pytestconfig, "workerinput"):
+            base = base.parent  # shared by gw0, gw1, ... of this session
+        path = base / "miles-models"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@pytest.fixture
+def dry_run(tmp_path: Path, miles_repo_root: Path, request: pytest.FixtureRequest):
+    """`dry_run(case)`: run the recipe with submission off and return its `DryRun` (plan, text,
+    output). Fails the test with the recipe's output when the recipe fails."""
+    counter = iter(range(10_000))
+
+    def run(case: RecipeCase | None = None, **kw):
+        case = case or request.getfixturevalue("recipe_case")
+        try:
+            return run_dry(case, tmp_path / f"dry{next(counter)}", rootdir=miles_repo_root, **kw)
+        except DryCheckFailure as e:
+            pytest.fail(str(e), pytrace=False)
+
+    return run
+
+
+@pytest.fixture
+def plan_snapshot(snapshot) -> PlanSnapshotAssertion:
+    """syrupy's `snapshot`, storing a plan as one readable `.txt` file per case."""
+    return plan_snapshot_from(snapshot)
+
+
+@pytest.fixture
+def check_static():
+    """`check_static(dry)`: validate the argv in process and assert the static invariants."""
+
+    def check(dry, validate=None):
+        try:
+            return dry.check_static(validate)
+        except DryCheckFailure as e:
+            pytest.fail(str(e), pytrace=False)
+
+    return check
+
+
+def _needed_gpus(request: pytest.FixtureRequest) -> int:
+    marker = request.node.get_closest_marker("gpu")
+    if marker is not None:
+        return int(marker.args[0] if marker.args else marker.kwargs.get("n", 1))
+    case = case_of(request.node)
+    return case.gpus if case is not None else 1
+
+
+@pytest.fixture
+def gpu_lease(request: pytest.FixtureRequest):
+    """GPUs leased for this test (count from its `gpu(n)` marker); `.devices` is the
+    `--cuda-visible-devices` value. Skips when NVML is missing or too few GPUs are free."""
+    needed = _needed_gpus(request)
+    config = request.config
+    try:
+        lease = lease_gpus(
+            needed,
+            lock_dir=Path(config.getoption("--miles-gpu-lock-dir")),
+            max_used_mib=config.getoption("--miles-gpu-max-used-mib"),
+            wait=config.getoption("--miles-gpu-wait"),
+        )
+    except NoNvml as e:
+        pytest.skip(f"GPU tier: {e}")
+    except NotEnoughGpus as e:
+        pytest.skip(str(e))
+    with lease:
+        yield lease
+
+
+@pytest.fixture
+def ray_cluster(tmp_path: Path):
+    """`ray_cluster(nodes=2, cpus_per_node=2, token=None)`: a fresh Ray cluster on loopback with
+    ports and a temp dir of its own; torn down (by token) after the test."""
+    clusters: list[LocalRayCluster] = []
+
+    def make(nodes: int = 2, cpus_per_node: int = 2, token: str | None = None) -> LocalRayCluster:
+        cluster = LocalRayCluster(nodes=nodes, cpus_per_node=cpus_per_node, token=token or new_token())
+        clusters.append(cluster)
+        return cluster.start()
+
+    yield make
+    survivors = []
+    for cluster in clusters:
+        survivors += cluster.stop()[1]
+    assert not survivors, "Ray cluster processes survived teardown:\n" + "\n".join(survivors)
+
+
+@pytest.fixture
+def run_recipe(request: pytest.FixtureRequest, tmp_path: Path, miles_repo_root: Path, model_cache_dir: Path):
+    """`run_recipe(case=None, *, extra_args=(), env=None, check=True) -> RecipeRun`.
+
+    Runs the recipe for real: GPUs from `gpu_lease` for a GPU case, a loopback cluster for a
+    case with `ray_nodes`, its own output dir, the shared checkpoint cache, a unique token. Ends
+    everything it started and asserts nothing carrying the token survived. With check=True a
+    failed or timed-out run fails the test with the log tail, argv and provenance.
+    """
+    counter = iter(range(10_000))
+    runs = request.node.stash.setdefault(_RUNS_KEY, [])
+
+    def run(case: RecipeCase | None = None, *, extra_args=(), env=None, check: bool = True) -> RecipeRun:
+        case = case or request.getfixturevalue("recipe_case")
+        extra = list(extra_args)
+        run_env = {"MILES_SCRIPT_MODEL_DIR": str(model_cache_dir)}
+        if case.gpus:
+            lease = request.getfixturevalue("gpu_lease")
+            extra += ["--cuda-visible-devices", lease.devices]
+        token = new_token()
+        if case.ray_nodes:
+            cluster = request.getfixturevalue("ray_cluster")(nodes=case.ray_nodes, token=token)
+            run_env.update(cluster.env_for_recipe())
+        run_env.update(env or {})
+        out = tmp_path / f"run{next(counter)}"
+        result = _run_recipe(case, out, rootdir=miles_repo_root, token=token, extra_args=extra, env=run_env)
+        runs.append(result)
+        if result.survivors:
+            pytest.fail(result.report(f"processes of {case.name} survived SIGKILL"), pytrace=False)
+        if check and not result.ok:
+            pytest.fail(result.report(), pytrace=False)
+        return result
+
+    return run
+
+
+@pytest.fixture
+def check_run(request: pytest.FixtureRequest):
+    """`check_run(run)`: assert the run invariants and compare its registered metrics with the
+    committed standard (or record it under --miles-record-standards)."""
+
+    def check(run: RecipeRun, *, expect_fresh: bool = True) -> None:
+        case = run.case
+        metrics, run_json = run.metrics, run.run_json
+        problems = run_invariants(metrics, run_json, parity=case.parity, expect_fresh=expect_fresh)
+        if problems:
+            pytest.fail(run.report(f"{case.name}: run invariants violated:\n  - " + "\n  - ".join(problems),
+                                   tail_lines=60), pytrace=False)
+        if not case.metrics:
+            return
+        opt_dir = request.config.getoption("--miles-standards-dir")
+        std_dir = Path(opt_dir) if opt_dir else Path(request.node.path).parent / "standards"
+        path = standard_path(std_dir, case)
+        if request.config.getoption("--miles-record-standards"):
+            write_standard(path, build_standard(case, metrics, run_json))
+            return
+        standard = load_standard(path)
+        if standard is None:
+            pytest.fail(f"{case.name}: no committed metric standard at {path}.\n"
+                        f"Record it (then review and commit it) with:\n    {record_command(request.node.nodeid)}",
+                        pytrace=False)
+        mismatches = compare_to_standard(case, metrics, standard)
+        if mismatches:
+            pytest.fail(
+                f"{case.name}: metrics differ from the standard {path}:\n  - " + "\n  - ".join(mismatches)
+                + f"\nIf the change is intended, re-record with:\n    {record_command(request.node.nodeid)}"
+                + f"\nthis run: {json.dumps({k: v for k, v in (run_json or {}).items() if k != 'argv'}, default=str)}"
+                + f"\nstandard recorded on: {json.dumps(standard.get('recorded_on', {}))}",
+                pytrace=False)
+
+    return check
