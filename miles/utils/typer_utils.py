@@ -96,6 +96,17 @@ def choices_of(annotation: Any) -> list[str] | None:
     return None
 
 
+_SCALARS = (str, int, float, bool, Path)
+
+
+def _check_supported(spec: OptionSpec) -> None:
+    base = _strip_optional(spec.annotation)
+    if base in _SCALARS or choices_of(base) is not None:
+        return
+    raise TypeError(f"dataclass_cli: field {spec.field_name!r} has type {spec.annotation!r}; "
+                    f"use str, int, float, bool, Path, a Literal or an Enum")
+
+
 def convert_value(raw: str, annotation: Any) -> Any:
     """Turn the text of an option or variable into the field's type; raise OptionValueError."""
     base = _strip_optional(annotation)
@@ -112,8 +123,8 @@ def convert_value(raw: str, annotation: Any) -> Any:
             return base(raw)
         except ValueError:
             raise OptionValueError(f"{raw!r} is not a valid {base.__name__}") from None
-    if base in (str, Path, Any):
-        return base(raw) if base is not Any else raw
+    if base in (str, Path):
+        return base(raw)
     raise TypeError(f"dataclass_cli cannot parse fields of type {annotation!r}")
 
 
@@ -214,6 +225,8 @@ def dataclass_cli(func: Callable | None = None, *, env_prefix: str = ENV_PREFIX,
     specs = option_specs(cls, env_prefix)
     if not specs:  # Typer would call us with no keywords, which means "parse sys.argv" here
         raise TypeError(f"dataclass_cli needs a dataclass with at least one field, got {cls.__name__}")
+    for spec in specs:
+        _check_supported(spec)
 
     @functools.wraps(func)
     def command(*positional: Any, **cli_values: Any) -> Any:

@@ -73,7 +73,9 @@ def _exit_status(client, job_id: str, settle_s: float = 30.0) -> int:
     while not info.status.is_terminal() and time.monotonic() < deadline:
         time.sleep(0.5)  # the log stream can close a moment before the status is final
         info = client.get_job_info(job_id)
-    print(f"Ray job {job_id} finished: {info.status}" + (f" ({info.message})" if info.message else ""), flush=True)
+    # Ray's failure message repeats the job's log, which was just streamed: keep its first line
+    reason = (info.message or "").splitlines()[0] if info.message else ""
+    print(f"Ray job {job_id} finished: {info.status}" + (f" ({reason})" if reason else ""), flush=True)
     if info.status == JobStatus.SUCCEEDED:
         return 0
     return info.driver_exit_code if info.driver_exit_code not in (None, 0) else 1

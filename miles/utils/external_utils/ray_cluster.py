@@ -11,7 +11,6 @@ import socket
 import sys
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 # Ray puts unix sockets under its temp dir and socket paths are limited to ~107 bytes, so the
 # dir must stay short: never under the (possibly deep) output dir.
@@ -155,6 +154,9 @@ def ray_start_env(base: dict[str, str], cuda_visible_devices: str | None) -> dic
     env = dict(base)
     env.pop("RAY_ADDRESS", None)  # would make `ray start` look for some other cluster
     env["RAY_USAGE_STATS_ENABLED"] = "0"
+    # Ray turns token auth on by itself when some earlier command left ~/.ray/auth_token behind;
+    # our own client then fails with 'Missing authentication token'. Opting in stays possible.
+    env.setdefault("RAY_AUTH_MODE", "disabled")
     if cuda_visible_devices:
         env["CUDA_VISIBLE_DEVICES"] = cuda_visible_devices
     return env
@@ -249,8 +251,3 @@ def wait_for_cluster_resources(
                 f"needed num_nodes>={num_nodes}, num_gpus>={num_gpus}, num_cpus>={num_cpus}"
             )
         time.sleep(poll_s)
-
-
-def temp_dir_root_is_short(temp_dir: str) -> bool:
-    # session dir + "/sockets/plasma_store" adds ~70 characters
-    return len(temp_dir) + 70 < 107 and Path(temp_dir).is_absolute()
