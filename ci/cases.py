@@ -1,0 +1,94 @@
+"""Test cases as the suite runner sees them: the harness's case metadata, filtered."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable
+
+from ci.scheduler import Job
+
+DEFAULT_TIMEOUT = 3600.0
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    gpus: int
+    est_time: float
+    nodeid: str | None = None
+    tier: str = "gpu"
+    timeout: float = DEFAULT_TIMEOUT
+    recipe: str | None = None
+    suites: tuple[str, ...] | None = None  # None: a synthetic case, in every suite
+    labels: tuple[str, ...] = ()
+
+    @property
+    def job(self) -> Job:
+        return Job(self.name, self.gpus, self.est_time)
+
+
+class CollectError(RuntimeError):
+    pass
+
+
+def case_from_dict(entry: dict) -> Case:
+    """Harness metadata and synthetic suites ({"name", "gpus", "est_time"}) alike."""
+    gpus = int(entry.get("gpus") or 0)
+    timeout = entry.get("timeout") or DEFAULT_TIMEOUT
+    est_time = entry.get("est_time") or timeout
+    return Case(
+        name=str(entry["name"]),
+        gpus=gpus,
+        est_time=float(est_time),
+        nodeid=entry.get("nodeid"),
+        tier=entry.get("tier") or ("gpu" if gpus else "cpu"),
+        timeout=float(timeout),
+        recipe=entry.get("recipe"),
+        suites=tuple(entry["suites"]) if entry.get("suites") is not None else None,
+        labels=tuple(entry.get("labels") or ()),
+    )
+
+
+def load_cases(path: Path) -> list[Case]:
+    entries = json.loads(Path(path).read_text())
+    cases = [case_from_dict(e) for e in entries]
+    duplicates = sorted({c.name for c in cases if [d.name for d in cases].count(c.name) > 1})
+    if duplicates:
+        raise CollectError(f"case names must be unique, repeated: {', '.join(duplicates)}")
+    return cases
+
+
+def collect_cases(tests_path: str, workdir: Path) -> list[Case]:
+    """Asks the harness for its cases: pytest --collect-only --miles-cases-json FILE."""
+    with tempfile.TemporaryDirectory(prefix="miles-ci-") as tmp:
+        out = Path(tmp) / "cases.json"
+        cmd = [sys.executable, "-m", "pytest", tests_path, "--collect-only", "-q",
+               "--miles-cases-json", str(out)]
+        proc = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True)
+        if proc.returncode != 0 or not out.exists():
+            tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-30:])
+            raise CollectError(f"collecting cases failed: {' '.join(cmd)}\n{tail}")
+        return load_cases(out)
+
+
+@dataclass
+class Selection:
+    suite: str | None = None
+    tiers: Iterable[str] = field(default_factory=tuple)
+    labels: Iterable[str] = field(default_factory=tuple)
+
+    def matches(self, case: Case) -> bool:
+        if self.suite and case.suites is not None and self.suite not in case.suites:
+            return False
+        if self.tiers and case.tier not in set(self.tiers):
+            return False
+        return set(self.labels) <= set(case.labels)
+
+
+def select(cases: Iterable[Case], selection: Selection) -> list[Case]:
+    return [c for c in cases if selection.matches(c)]

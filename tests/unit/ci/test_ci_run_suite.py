@@ -1,0 +1,153 @@
+"""The suite runner end to end, on stand-in cases (fixtures/fake_cases.py) run by pytest."""
+
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ci import run_suite
+from ci.cases import Case
+from ci.runner import RunSettings, SuiteRunner
+from ci.scheduler import make_plan, plan_problems
+
+from junit_check import junit_problems
+
+REPO = Path(__file__).resolve().parents[3]
+FIXTURE = Path(__file__).parent / "fixtures" / "fake_cases.py"
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch):
+    shutil.copy(FIXTURE, tmp_path / "fake_cases.py")
+    monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    return tmp_path
+
+
+def case(name, gpus, est_time=5, **extra):
+    return {"name": name, "nodeid": f"fake_cases.py::{name}", "gpus": gpus,
+            "est_time": est_time, **extra}
+
+
+def write_suite(workdir, entries):
+    path = workdir / "suite.json"
+    path.write_text(json.dumps(entries))
+    return path
+
+
+def run_cli(workdir, entries, *extra):
+    suite = write_suite(workdir, entries)
+    return run_suite.main(["--suite-json", str(suite), "--workdir", str(workdir),
+                           "--out", str(workdir / "out"), *map(str, extra)])
+
+
+def harness_result(workdir, name):
+    return json.loads((workdir / "out" / "results" / f"{name}.json").read_text())
+
+
+def test_plan_prints_makespan_and_lower_bound_and_writes_plan_json(tmp_path, capsys):
+    entries = [{"name": f"c{i}", "gpus": g, "est_time": t}
+               for i, (g, t) in enumerate([(8, 600), (5, 300), (2, 300), (1, 900), (4, 60)])]
+    suite = write_suite(tmp_path, entries)
+    code = run_suite.main(["--suite-json", str(suite), "--gpus", "8", "--plan",
+                           "--plan-json", str(tmp_path / "plan.json")])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "makespan" in out and "lower bound" in out and "ratio" in out
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    assert set(plan[0]) == {"name", "gpus", "start", "end"}
+    jobs = [Case(e["name"], e["gpus"], e["est_time"]).job for e in entries]
+    assert plan_problems(plan, jobs, range(8)) == []
+
+
+def test_plan_uses_cuda_visible_devices_as_the_pool(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5,6")
+    suite = write_suite(tmp_path, [{"name": "a", "gpus": 2, "est_time": 10},
+                                   {"name": "b", "gpus": 1, "est_time": 10}])
+    run_suite.main(["--suite-json", str(suite), "--plan", "--plan-json", str(tmp_path / "p.json")])
+    used = sorted(g for e in json.loads((tmp_path / "p.json").read_text()) for g in e["gpus"])
+    assert used == [3, 5, 6]
+
+
+def test_a_run_with_a_failure_exits_nonzero_and_writes_valid_junit_and_summary(workdir):
+    entries = [case("test_quick", 0, tier="cpu"), case("test_fails", 1), case("test_skips", 2),
+               case("test_hold_a", 16)]
+    assert run_cli(workdir, entries, "--gpus", "4") == 1
+    junit = workdir / "out" / "junit.xml"
+    assert junit_problems(junit) == []
+    summary = (workdir / "out" / "summary.md").read_text()
+    assert "FAILED (1 of 4)" in summary
+    assert "the fixture failure" in summary
+    assert "needs 16 GPUs, the node has 4" in summary
+    assert harness_result(workdir, "test_quick")["cuda_visible_devices"] == ""
+    assert harness_result(workdir, "test_fails")["cuda_visible_devices"] in {"0", "1", "2", "3"}
+
+
+def test_a_green_run_exits_zero(workdir):
+    assert run_cli(workdir, [case("test_quick", 1), case("test_skips", 1)], "--gpus", "1") == 0
+
+
+def test_cases_run_at_once_on_disjoint_gpus(workdir, monkeypatch):
+    monkeypatch.setenv("FAKE_HOLD", "3")
+    entries = [case("test_hold_a", 2), case("test_hold_b", 1), case("test_hold_c", 1)]
+    assert run_cli(workdir, entries, "--gpus", "4") == 0
+    runs = [harness_result(workdir, e["name"]) for e in entries]
+    assert max(r["started"] for r in runs) < min(r["ended"] for r in runs), "not concurrent"
+    gpus = [g for r in runs for g in r["cuda_visible_devices"].split(",")]
+    assert sorted(gpus) == ["0", "1", "2", "3"]
+
+
+def test_next_case_starts_when_gpus_free_not_at_its_planned_time(workdir):
+    # planned: test_quick holds all GPUs for 1000 s; it really takes about a second
+    entries = [case("test_quick", 4, est_time=1000), case("test_hold_a", 4, est_time=1)]
+    started = time.monotonic()
+    assert run_cli(workdir, entries, "--gpus", "4") == 0
+    assert time.monotonic() - started < 120
+
+
+def test_a_hanging_case_is_ended_with_its_process_group(workdir, monkeypatch):
+    pid_file = workdir / "pid"
+    monkeypatch.setenv("FAKE_PID_FILE", str(pid_file))
+    hang = Case("test_hangs", 1, 1.0, nodeid="fake_cases.py::test_hangs", timeout=3.0)
+    settings = RunSettings(workdir / "out", workdir, ["0"], timeout_grace=0.0)
+    (result,) = SuiteRunner([hang], make_plan([hang.job], [0]), settings).run()
+    assert result.outcome == "timeout" and result.failed
+    pid = int(pid_file.read_text())
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+
+
+def test_gate_fails_a_30_percent_throughput_drop_and_names_a_torch_change(workdir, monkeypatch):
+    db = workdir / "history.sqlite"
+    entries = [case("test_quick", 0)]
+    assert run_cli(workdir, entries, "--history-db", db) == 0
+    assert "no history" in (workdir / "out" / "summary.md").read_text()
+    monkeypatch.setenv("FAKE_THROUGHPUT", "70")
+    monkeypatch.setenv("FAKE_TORCH", "2.14.0+cpu")
+    assert run_cli(workdir, entries, "--history-db", db) == 1
+    summary = (workdir / "out" / "summary.md").read_text()
+    assert "-30.0%" in summary and "torch 2.13.0+cpu -> 2.14.0+cpu" in summary
+    assert junit_problems(workdir / "out" / "junit.xml") == []
+
+
+def test_an_empty_selection_is_an_error(workdir):
+    assert run_cli(workdir, [case("test_quick", 0, tier="cpu", suites=["nightly"])],
+                   "--suite", "other") == 2
+
+
+def test_synthetic_cases_without_node_ids_can_be_planned_but_not_run(workdir):
+    assert run_cli(workdir, [{"name": "x", "gpus": 1, "est_time": 10}], "--gpus", "1") == 2
+
+
+def test_runs_as_a_script_from_anywhere(tmp_path):
+    suite = write_suite(tmp_path, [{"name": "x", "gpus": 1, "est_time": 10}])
+    import subprocess
+    proc = subprocess.run([sys.executable, str(REPO / "ci" / "run_suite.py"), "--suite-json",
+                           str(suite), "--gpus", "2", "--plan"], cwd=tmp_path,
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "makespan 10s" in proc.stdout
