@@ -1,0 +1,101 @@
+import os
+import subprocess
+import sys
+
+from miles.utils.external_utils.local_cluster import HEAD_ROLE, end_recorded_run
+from miles.utils.external_utils.processes import (
+    LaunchRecord,
+    environ_with_token,
+    exec_command,
+    is_alive,
+    new_token,
+    pids_with_token,
+    write_text_atomically,
+)
+
+_SLEEP = [sys.executable, "-c", "import time; time.sleep(120)"]
+
+
+def _sleeper(env=None, new_session=False):
+    return subprocess.Popen(_SLEEP, env=env, start_new_session=new_session)
+
+
+def _reap(*procs):
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=10)
+
+
+def test_cleanup_ends_only_the_processes_an_earlier_run_recorded(tmp_path):
+    token = new_token()
+    recorded = _sleeper(env=environ_with_token(token), new_session=True)  # setsid: not findable by group
+    unrelated = _sleeper()
+    try:
+        LaunchRecord(HEAD_ROLE, token).save(tmp_path)
+        ended = end_recorded_run(tmp_path, HEAD_ROLE)
+        assert recorded.wait(timeout=15) is not None
+        assert ended == [recorded.pid]
+        assert unrelated.poll() is None and is_alive(unrelated.pid)
+        assert not LaunchRecord.path_for(tmp_path, HEAD_ROLE).exists()
+    finally:
+        _reap(recorded, unrelated)
+
+
+def test_cleanup_without_a_record_ends_nothing(tmp_path):
+    bystander = _sleeper()
+    try:
+        assert end_recorded_run(tmp_path, HEAD_ROLE) == []
+        assert bystander.poll() is None
+    finally:
+        _reap(bystander)
+
+
+def test_cleanup_never_deletes_a_temp_dir_of_a_shape_it_did_not_create(tmp_path):
+    precious = tmp_path / "precious"
+    precious.mkdir()
+    LaunchRecord(HEAD_ROLE, new_token(), ray_temp_dir=str(precious)).save(tmp_path)
+    end_recorded_run(tmp_path, HEAD_ROLE)
+    assert precious.is_dir()
+
+
+def test_token_scan_finds_grandchildren_and_never_ourselves():
+    token = new_token()
+    parent = subprocess.Popen(
+        [sys.executable, "-c", "import subprocess, sys, time; "
+         "subprocess.Popen([sys.executable, '-c', 'import os, time; os.setsid(); time.sleep(120)']); time.sleep(120)"],
+        env=environ_with_token(token),
+    )
+    try:
+        for _ in range(100):
+            found = pids_with_token(token)
+            if len(found) == 2:
+                break
+            subprocess.run(["sleep", "0.1"])
+        assert parent.pid in found and len(found) == 2 and os.getpid() not in found
+    finally:
+        for pid in pids_with_token(token):
+            os.kill(pid, 9)
+        parent.wait(timeout=10)
+
+
+def test_record_round_trips_through_its_file(tmp_path):
+    record = LaunchRecord("worker", "abc", ray_temp_dir="/tmp/mray-abc", pgids=[12])
+    record.save(tmp_path)
+    assert LaunchRecord.load(tmp_path, "worker") == record
+
+
+def test_atomic_write_leaves_no_temporary_file(tmp_path):
+    target = tmp_path / "sub" / "x.json"
+    write_text_atomically(target, "one")
+    write_text_atomically(target, "two")
+    assert target.read_text() == "two" and [p.name for p in target.parent.iterdir()] == ["x.json"]
+
+
+def test_exec_command_prints_exec_line_and_dry_run_does_not_run(tmp_path, capsys):
+    marker = tmp_path / "ran"
+    exec_command(f"touch {marker}", dry_run=True)
+    assert not marker.exists()
+    exec_command(f"touch {marker}", dry_run=False)
+    assert marker.exists()
+    assert capsys.readouterr().out.count(f"EXEC: touch {marker}") == 2

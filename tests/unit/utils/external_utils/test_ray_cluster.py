@@ -1,0 +1,68 @@
+import os
+import subprocess
+import sys
+
+from miles.utils.external_utils.ray_cluster import (
+    RayNodeSpec,
+    RayPorts,
+    cpu_job_num_cpus,
+    free_ports,
+    ray_start_command,
+    ray_start_env,
+    ray_temp_dir_for,
+)
+
+
+def test_allocated_ports_are_distinct_and_worker_range_avoids_them():
+    ports = RayPorts.allocate()
+    singles = [v for k, v in vars(ports).items() if not k.endswith("worker_port")]
+    assert len(set(singles)) == len(singles) and all(singles)
+    assert ports.max_worker_port - ports.min_worker_port == 99
+    assert not any(ports.min_worker_port <= p <= ports.max_worker_port for p in singles)
+
+
+def test_head_command_names_every_port_and_its_own_temp_dir():
+    spec = RayNodeSpec("127.0.0.1", RayPorts.allocate(gcs_port=free_ports(1)[0]), ray_temp_dir_for("f" * 16), 4)
+    command = ray_start_command(spec)
+    for flag in ("--head", "--port=", "--dashboard-port=", "--node-manager-port=", "--object-manager-port=",
+                 "--ray-client-server-port=", "--dashboard-agent-listen-port=", "--dashboard-agent-grpc-port=",
+                 "--metrics-export-port=", "--runtime-env-agent-port=", "--min-worker-port=", "--max-worker-port=",
+                 f"--temp-dir={spec.temp_dir}", "--num-gpus=4"):
+        assert flag in command, flag
+    assert "=0 " not in command
+
+
+def test_temp_dir_is_short_enough_for_ray_unix_sockets():
+    # Ray appends about 70 characters (session dir + socket name) and sockets allow ~107
+    assert len(ray_temp_dir_for("0123456789abcdef")) + 70 < 107
+
+
+def test_cpu_job_starts_head_with_zero_gpus_and_every_logical_cpu():
+    spec = RayNodeSpec("127.0.0.1", RayPorts(), "/tmp/mray-x", 0, cpu_job_num_cpus(0))
+    command = ray_start_command(spec)
+    assert "--num-gpus=0" in command and f"--num-cpus={os.cpu_count()}" in command
+    assert cpu_job_num_cpus(8) is None
+
+
+def test_cuda_visible_devices_goes_into_ray_starts_own_environment():
+    spec = RayNodeSpec("127.0.0.1", RayPorts(), "/tmp/mray-x", 2)
+    assert ray_start_command(spec, "0,1").startswith("CUDA_VISIBLE_DEVICES=0,1 ray start")
+    env = ray_start_env({"RAY_ADDRESS": "elsewhere:1", "PATH": "/bin"}, "0,1")
+    assert env["CUDA_VISIBLE_DEVICES"] == "0,1" and "RAY_ADDRESS" not in env
+
+
+def test_joining_node_points_at_the_head_and_is_not_a_head():
+    spec = RayNodeSpec("127.0.0.1", RayPorts.allocate(), "/tmp/mray-y", 0, 1, head_address="127.0.0.1:6399")
+    command = ray_start_command(spec)
+    assert "--address=127.0.0.1:6399" in command and "--head" not in command
+
+
+def test_low_open_files_limit_is_raised_to_hard_limit_and_warned_about():
+    code = (
+        "import resource; resource.setrlimit(resource.RLIMIT_NOFILE, (256, 1024));"
+        "from miles.utils.external_utils.ray_cluster import raise_open_files_limit;"
+        "print('soft', raise_open_files_limit())"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert "soft 1024" in result.stdout
+    assert "WARNING: open-files limit is 1024" in result.stderr
