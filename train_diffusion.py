@@ -23,7 +23,79 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def train(args: Namespace, plan: BatchPlan) -> int:
-    raise NotImplementedError("the training loop lands with issue 5")
+    """DESIGN section 5: per rollout id, generate -> train -> update weights; eval and save on intervals."""
+    import os
+    import time
+    from pathlib import Path
+
+    import ray
+    import torch
+
+    from miles.backends import checkpoint as ckpt
+    from miles.backends.metrics import MetricsLogger, Progress, init_wandb, log, plot_curves, save_image_grid, write_run_json
+    from miles.ray.placement import create_placement_group, plan_placement
+    from miles.ray.rollout_manager import RolloutManager
+    from miles.ray.train_actor_group import TrainActorGroup
+
+    if args.train_only or args.loss_type == "sft_loss":
+        raise NotImplementedError("sft_loss / --train-only training is not implemented yet (issue 5)")
+    args.run_dir = args.run_dir or f"runs/{time.strftime('%Y%m%d-%H%M%S')}"
+    # set before the first actor starts: cuBLAS reads it at initialisation
+    runtime_env = {"env_vars": {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}} if args.deterministic_mode else None
+    if args.deterministic_mode:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    if not ray.is_initialized():
+        ray.init()
+    placement = plan_placement(args, ray.cluster_resources().get("CPU"))
+    pg = create_placement_group(placement)
+    trainer = None if args.debug_rollout_only else TrainActorGroup(args, plan, placement, pg, runtime_env)
+    rollout = RolloutManager(args, placement, pg, runtime_env)
+    if trainer is not None and (lora := trainer.lora_spec()) is not None:
+        rollout.apply_lora(lora, trainer.components())
+
+    start_id, resumed = args.start_rollout_id or 0, False
+    found = ckpt.latest_checkpoint(args.load) if args.load else None
+    if found is not None:
+        last_id, path = found
+        if trainer is not None:
+            trainer.load(str(path))
+            rollout.update_weights(trainer.weight_update_refs())  # the engines start from the loaded weights
+        rollout.load_state_dict(torch.load(path / "driver.pt", weights_only=False)["rollout"])
+        start_id = args.start_rollout_id if args.start_rollout_id is not None else last_id + 1
+        resumed = True
+    end_id = args.num_rollout or args.num_epoch * rollout.dataset.batches_per_epoch(args.rollout_batch_size)
+
+    write_run_json(args.run_dir, sys.argv[1:], resumed=resumed, start_rollout_id=start_id)
+    logger = MetricsLogger(args.run_dir, deterministic=args.deterministic_mode, start_rollout_id=start_id,
+                           wandb_run=init_wandb(args))
+    progress = Progress(start_id, end_id)
+    log(f"training rollouts {start_id}..{end_id - 1} ({'resumed from ' + str(found[1]) if resumed else 'fresh'}); "
+        f"run dir {args.run_dir}")
+    for rollout_id in range(start_id, end_id):
+        began = time.perf_counter()
+        batch, metrics = rollout.generate(rollout_id)
+        if trainer is not None:
+            metrics.update(trainer.train(batch)[0].metrics)
+            if rollout_id != args.debug_skip_weight_update_at:
+                rollout.update_weights(trainer.weight_update_refs())
+        if args.eval_interval and (rollout_id + 1) % args.eval_interval == 0:
+            metrics.update(rollout.evaluate(rollout_id))
+        metrics["perf/step_time"] = time.perf_counter() - began
+        logger.log(rollout_id, metrics)
+        log(progress.line(rollout_id, metrics, metrics["perf/step_time"]))
+        last = rollout_id == end_id - 1
+        if args.save and trainer is not None and (last or (args.save_interval and (rollout_id + 1) % args.save_interval == 0)):
+            staging = ckpt.staging_dir(args.save, rollout_id)
+            trainer.save(str(staging))
+            torch.save({"rollout": rollout.state_dict()}, staging / "driver.pt")
+            (staging / "trainer.json").write_text(f'{{"rollout_id": {rollout_id}}}\n')
+            log(f"saved checkpoint {ckpt.commit(staging, args.save, rollout_id)}")
+
+    logger.close()
+    plot_curves(args.run_dir)
+    save_image_grid(rollout.last_images, Path(args.run_dir) / "last_rollout.png")
+    rollout.shutdown()
+    return 0
 
 
 if __name__ == "__main__":

@@ -1,10 +1,11 @@
 """Where every actor runs: one placement group whose bundles hold train ranks, engines and rewards.
 
 GPU jobs get one bundle per train GPU and per rollout engine (`--colocate`: engines share the
-train bundles, each actor taking a fraction of the GPU), and reward workers that ask for GPUs get
-bundles of their own unless `--colocate-reward` puts them beside the engines. CPU jobs
-(`--device cpu`) get CPU-only bundles with a fraction of a CPU each, so two train ranks, an engine
-and a reward worker fit a 2-CPU Ray head.
+train bundles, each actor taking a fraction of the GPU). Reward workers that ask for GPUs get
+their own (the reward pool asks Ray for them) unless `--colocate-reward` puts them in the engines'
+bundles. CPU jobs (`--device cpu`) get CPU-only bundles with a fraction of a CPU each, sized to
+leave the reward workers their quarter CPU, so two train ranks, an engine and a reward worker fit
+a 2-CPU Ray head.
 """
 
 from __future__ import annotations
@@ -27,17 +28,18 @@ class PlacementPlan:
     bundles: list[dict[str, float]]
     train: list[Slot]
     rollout: list[Slot] = field(default_factory=list)  # one per engine
-    reward: list[Slot] = field(default_factory=list)  # one per reward worker
+    reward: list[Slot] = field(default_factory=list)  # one per reward worker, only when colocated
 
     @property
     def device(self) -> str:
         return "cuda" if any(b.get("GPU") for b in self.bundles) else "cpu"
 
 
-# shares of one GPU when several actors live in the same bundle
-_COLOCATED_TRAIN_GPU = 0.45
-_COLOCATED_ENGINE_GPU = 0.45
-_COLOCATED_REWARD_GPU = 0.1
+# shares of one bundle when several actors live in it (the reward pool asks for its own
+# REWARD_CPU_PER_WORKER CPUs and --rm-num-gpus-per-worker GPUs)
+_COLOCATED_TRAIN_GPU = 0.5
+_COLOCATED_CPU = 0.25
+REWARD_CPU_PER_WORKER = 0.25  # what miles.rollout.rm_hub.pool asks for per worker
 
 
 def num_train_ranks(args) -> int:
@@ -60,7 +62,11 @@ def num_reward_workers(args) -> int:
 
 
 def plan_placement(args, cpus_available: float | None = None) -> PlacementPlan:
-    """The bundles and each actor's slot, from the flags alone (no Ray)."""
+    """The bundles and each actor's slot, from the flags alone (no Ray).
+
+    Reward workers are placed by the reward pool itself; they appear in the plan (as slots in the
+    engines' bundles) only when `--colocate-reward` shares GPUs with the engines.
+    """
     n_train = 0 if args.debug_rollout_only else num_train_ranks(args)
     n_engines = 0 if args.train_only else num_rollout_engines(args)
     n_reward = 0 if args.train_only else num_reward_workers(args)
@@ -70,42 +76,47 @@ def plan_placement(args, cpus_available: float | None = None) -> PlacementPlan:
 
 
 def _plan_cpu(n_train: int, n_engines: int, n_reward: int, cpus_available: float | None) -> PlacementPlan:
-    n_actors = n_train + n_engines + n_reward
-    cpus = cpus_available if cpus_available is not None else float(n_actors)
+    n_actors = n_train + n_engines
+    free = (cpus_available if cpus_available is not None else float(n_actors) + 1.0) - n_reward * REWARD_CPU_PER_WORKER
     # floor to 1/100 so the bundles always fit the head, whatever the float sum does
-    share = min(1.0, math.floor(100 * cpus / max(1, n_actors)) / 100)
+    share = min(1.0, math.floor(100 * free / max(1, n_actors)) / 100)
     if share <= 0:
-        raise ValueError(f"{n_actors} actors do not fit {cpus} CPUs")
+        raise ValueError(f"{n_actors} train ranks and engines and {n_reward} reward workers do not fit "
+                         f"{cpus_available} CPUs")
     bundles = [{"CPU": share} for _ in range(n_actors)]
     slots = [Slot(i, share, 0.0) for i in range(n_actors)]
-    return PlacementPlan(bundles, slots[:n_train], slots[n_train:n_train + n_engines], slots[n_train + n_engines:])
+    return PlacementPlan(bundles, slots[:n_train], slots[n_train:])
 
 
 def _plan_gpu(args, n_train: int, n_engines: int, n_reward: int) -> PlacementPlan:
     per_engine = max(1, args.rollout_num_gpus_per_engine)
+    reward_gpus = float(getattr(args, "rm_num_gpus_per_worker", 0.0) or 0.0)
+    colocate_reward = bool(getattr(args, "colocate_reward", False)) and reward_gpus > 0 and n_engines > 0
+    colocated = args.colocate and n_train > 0 and per_engine == 1
     bundles: list[dict[str, float]] = []
     train, rollout, reward = [], [], []
-    colocated = args.colocate and n_train > 0 and per_engine == 1
     for _ in range(n_train):
         bundles.append({"GPU": 1.0, "CPU": 1.0})
-        train.append(Slot(len(bundles) - 1, 1.0 if not colocated else 0.5, 1.0 if not colocated else _COLOCATED_TRAIN_GPU))
+        if colocated:
+            train.append(Slot(len(bundles) - 1, _COLOCATED_CPU, _COLOCATED_TRAIN_GPU))
+        else:
+            train.append(Slot(len(bundles) - 1, 1.0, 1.0))
+    engine_gpu = float(per_engine)
+    if colocated:
+        engine_gpu = 1.0 - _COLOCATED_TRAIN_GPU
+    if colocate_reward:
+        hosts_per_bundle = math.ceil(n_reward / n_engines)
+        engine_gpu -= hosts_per_bundle * reward_gpus
+        if engine_gpu <= 0:
+            raise ValueError(f"--colocate-reward: {n_reward} reward workers x {reward_gpus} GPU leave the engines none")
     for e in range(n_engines):
         if colocated:
-            rollout.append(Slot(e % n_train, 0.5, _COLOCATED_ENGINE_GPU))
+            rollout.append(Slot(e % n_train, _COLOCATED_CPU, engine_gpu))
         else:
             bundles.append({"GPU": float(per_engine), "CPU": 1.0})
-            rollout.append(Slot(len(bundles) - 1, 1.0, float(per_engine)))
-    gpus_per_worker = float(getattr(args, "rm_num_gpus_per_worker", 0.0) or 0.0)
-    for w in range(n_reward):
-        if gpus_per_worker == 0:
-            bundles.append({"CPU": 1.0})
-            reward.append(Slot(len(bundles) - 1, 1.0, 0.0))
-        elif getattr(args, "colocate_reward", False) and rollout:
-            host = rollout[w % len(rollout)].bundle_index
-            reward.append(Slot(host, 0.0, min(gpus_per_worker, _COLOCATED_REWARD_GPU)))
-        else:
-            bundles.append({"GPU": gpus_per_worker, "CPU": 1.0})
-            reward.append(Slot(len(bundles) - 1, 1.0, gpus_per_worker))
+            rollout.append(Slot(len(bundles) - 1, 1.0 - (REWARD_CPU_PER_WORKER if colocate_reward else 0), engine_gpu))
+    if colocate_reward:
+        reward = [Slot(rollout[w % n_engines].bundle_index, REWARD_CPU_PER_WORKER, reward_gpus) for w in range(n_reward)]
     return PlacementPlan(bundles, train, rollout, reward)
 
 

@@ -2,7 +2,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from miles.ray.placement import plan_placement
+from miles.ray.placement import REWARD_CPU_PER_WORKER, plan_placement
 
 
 def flags(**kw):
@@ -14,33 +14,38 @@ def flags(**kw):
 
 def test_cpu_job_fits_two_ranks_an_engine_and_a_reward_worker_on_two_cpus():
     plan = plan_placement(flags(), cpus_available=2.0)
-    assert len(plan.train) == 2 and len(plan.rollout) == 1 and len(plan.reward) == 1
-    assert sum(b["CPU"] for b in plan.bundles) <= 2.0
-    assert plan.device == "cpu" and {s.num_cpus for s in plan.train} == {0.5}
-    assert len({s.bundle_index for s in plan.train + plan.rollout + plan.reward}) == 4
+    assert len(plan.train) == 2 and len(plan.rollout) == 1
+    assert sum(b["CPU"] for b in plan.bundles) + REWARD_CPU_PER_WORKER <= 2.0
+    assert plan.device == "cpu" and len({s.bundle_index for s in plan.train + plan.rollout}) == 3
 
 
 def test_cpu_share_is_floored_so_the_bundles_fit():
-    plan = plan_placement(flags(actor_num_gpus_per_node=1, rm_num_workers=1), cpus_available=2.0 / 3 * 3)
-    assert sum(b["CPU"] for b in plan.bundles) <= 2.0
+    plan = plan_placement(flags(actor_num_gpus_per_node=1, rm_num_workers=2), cpus_available=1.0)
+    assert sum(b["CPU"] for b in plan.bundles) + 2 * REWARD_CPU_PER_WORKER <= 1.0
 
 
-def test_gpu_job_separate_engine_and_reward_gpus():
+def test_gpu_job_gives_train_ranks_and_engines_their_own_gpus():
     plan = plan_placement(flags(device="cuda", rollout_num_gpus=2, rm_num_gpus_per_worker=1.0))
-    assert [b.get("GPU") for b in plan.bundles] == [1.0, 1.0, 1.0, 1.0, 1.0]
-    assert [s.bundle_index for s in plan.rollout] == [2, 3] and plan.reward[0].bundle_index == 4
+    assert [b.get("GPU") for b in plan.bundles] == [1.0] * 4
+    assert [s.bundle_index for s in plan.rollout] == [2, 3] and plan.reward == []
 
 
-def test_gpu_colocate_puts_engines_in_the_train_bundles():
+def test_gpu_colocate_puts_engines_and_colocated_rewards_in_the_train_bundles():
     plan = plan_placement(flags(device="cuda", colocate=True, rm_num_gpus_per_worker=0.1, colocate_reward=True))
     assert len(plan.bundles) == 2 and [s.bundle_index for s in plan.rollout] == [0, 1]
-    for bundle in range(2):
-        used = sum(s.num_gpus for s in plan.train + plan.rollout + plan.reward if s.bundle_index == bundle)
-        assert used <= 1.0
     assert plan.reward[0].bundle_index == plan.rollout[0].bundle_index
+    for bundle in range(2):
+        slots = [s for s in plan.train + plan.rollout + plan.reward if s.bundle_index == bundle]
+        assert sum(s.num_gpus for s in slots) <= 1.0 + 1e-9
+        assert sum(s.num_cpus for s in slots) <= plan.bundles[bundle]["CPU"]
 
 
-def test_train_only_and_sft_start_no_engines():
+def test_colocated_reward_that_leaves_no_engine_gpu_is_refused():
+    with pytest.raises(ValueError, match="colocate-reward"):
+        plan_placement(flags(device="cuda", colocate=True, rm_num_gpus_per_worker=0.5, colocate_reward=True))
+
+
+def test_train_only_sft_and_rollout_only_drop_their_actors():
     assert plan_placement(flags(train_only=True), 2.0).rollout == []
     assert plan_placement(flags(loss_type="sft_loss"), 2.0).rollout == []
     assert plan_placement(flags(debug_rollout_only=True), 2.0).train == []

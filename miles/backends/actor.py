@@ -1,0 +1,366 @@
+"""One data-parallel train rank: the pairs the batch plan deals it, the loss, the optimizer step.
+
+A plain class so a benchmark or a test can drive it in process; `miles.ray.train_actor_group`
+runs it as a Ray actor. Ranks meet through `torch.distributed` (gloo on CPU, NCCL on GPU) and
+average gradients with one all-reduce per optimizer step.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import resource
+import socket
+import time
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from miles.backends import checkpoint as ckpt
+from miles.backends.ema import EMA
+from miles.backends.loss import (
+    PolicyLossInputs,
+    flow_matching_target,
+    load_custom_loss,
+    nft_loss,
+    nft_optimality,
+    policy_loss,
+)
+from miles.backends.lora import LoraSpec, adapters_disabled, attach_lora, lora_spec_from_args
+from miles.backends.optimizer import build_optimizer, clip_gradients, learning_rate, set_learning_rate
+from miles.backends.types import RolloutBatch, TrainResult
+from miles.backends.weight_sync import WeightUpdate, collect_weight_updates, sync_components
+from miles.rollout.sde import largest_sigma_below_one, sde_step
+from miles.rollout.types import Conditioning
+from miles.utils.batching import Pair, expand_pairs, rank_schedule, shard_pairs
+
+# CPU kernels may split reductions by thread count, so engines and ranks must use the same one
+CPU_THREADS_PER_ACTOR = 1
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def torch_dtype(name: str | None) -> torch.dtype:
+    return getattr(torch, name or "float32")
+
+
+class TrainRank:
+    def __init__(self, args, plan, rank: int, world_size: int):
+        self.args, self.plan = args, plan
+        self.rank, self.world_size = rank, world_size
+        self.device = torch.device("cuda" if args.device == "cuda" else "cpu")
+        self.optimizer_step = 0
+
+    # -- start-up -----------------------------------------------------------------------------
+
+    def master_address(self) -> tuple[str, int]:
+        """This node's address and a free port, for rank 0 to host the process group."""
+        import ray
+
+        with socket.socket() as s:
+            s.bind(("", 0))
+            return ray.util.get_node_ip_address(), s.getsockname()[1]
+
+    def setup(self, master_addr: str | None = None, master_port: int | None = None) -> None:
+        from miles.models.loader import load_model
+        from miles.models.runtime import configure_torch
+
+        args = self.args
+        configure_torch(args.deterministic_mode, CPU_THREADS_PER_ACTOR if self.device.type == "cpu" else None)
+        seed_everything(args.seed)  # the same on every rank: LoRA adapters start identical
+        if self.world_size > 1:
+            dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo",
+                                    init_method=f"tcp://{master_addr}:{master_port}",
+                                    rank=self.rank, world_size=self.world_size)
+        self.model = load_model(args.hf_checkpoint, family=args.diffusion_model_family, device=self.device,
+                                dtype=torch_dtype(args.param_dtype))
+        for name in [n for n, m in self.model.parts.items() if n not in self.model.transformers and m is not None]:
+            if args.loss_type != "sft_loss":  # rollouts carry their conditioning; only SFT encodes
+                self.model.parts[name] = None
+        self.components = sync_components(self.model.spec.transformer_components, args.update_weight_target_module)
+        self.lora: LoraSpec | None = lora_spec_from_args(args, self.model.spec)
+        self.params: dict[str, torch.nn.Parameter] = {}
+        for component in self.components:
+            module = self.model.transformers[component]
+            if self.lora is not None:
+                attach_lora(module, self.lora)
+            else:
+                module.requires_grad_(True)
+            if args.gradient_checkpointing and hasattr(module, "enable_gradient_checkpointing"):
+                module.enable_gradient_checkpointing()
+            self.params.update({f"{component}.{n}": p for n, p in module.named_parameters() if p.requires_grad})
+        if self.world_size > 1:
+            for p in self.params.values():
+                dist.broadcast(p.data, src=0)
+        self.optimizer = build_optimizer(list(self.params.values()), args)
+        self.ema = EMA(self.params, args.ema_decay) if args.use_ema else None
+        self.custom_loss = load_custom_loss(args.custom_loss_function_path) if args.custom_loss_function_path else None
+
+    def lora_spec(self) -> LoraSpec | None:
+        return self.lora
+
+    # -- one rollout --------------------------------------------------------------------------
+
+    def train(self, batch: RolloutBatch) -> TrainResult:
+        args = self.args
+        start = time.perf_counter()
+        schedule = rank_schedule(self.plan, batch.trained_steps, self.rank)
+        shard = shard_pairs(expand_pairs(self.plan.samples_per_rollout, batch.trained_steps),
+                            self.plan.dp_size, self.rank, self.plan.dp_split_mode)
+        probe = _ParityProbe() if args.diffusion_debug_mode else None
+        if probe is not None:
+            # pairs after the first optimizer step would see new weights: check them now
+            for micro in (mb for window in schedule[1:] for mb in window):
+                with torch.no_grad():
+                    self._forward(batch, micro, probe)
+        v_old = self._old_velocities(batch, shard) if args.loss_type == "nft" else None
+
+        totals: dict[str, float] = {}
+        for window_index, window in enumerate(schedule):
+            window_pairs = sum(len(mb) for mb in window)
+            for micro in window:
+                loss, metrics = self._micro_batch_loss(batch, micro, probe if window_index == 0 else None, v_old)
+                share = len(micro) / window_pairs
+                (loss * share).backward()
+                for key, value in {"loss": loss.detach(), **metrics}.items():
+                    totals[key] = totals.get(key, 0.0) + float(value) * share / len(schedule)
+            totals["grad_norm"] = totals.get("grad_norm", 0.0) + self._optimizer_step() / len(schedule)
+
+        elapsed = time.perf_counter() - start
+        metrics = self._reduce({f"train/{k}": v for k, v in totals.items()}, probe)
+        metrics["train/lr"] = self.optimizer.param_groups[0]["lr"]
+        metrics["perf/train_time"] = elapsed
+        metrics["perf/train_pairs_per_sec"] = len(shard) * self.world_size / elapsed
+        metrics["perf/peak_memory_bytes"] = self._peak_memory()
+        return TrainResult(self.rank, metrics, shard)
+
+    def _pair_tensors(self, batch: RolloutBatch, pairs: list[Pair]):
+        trajs = [batch.trajectories[p.sample] for p in pairs]
+        experts = {t.experts[p.step] for t, p in zip(trajs, pairs)}
+        guidance = {t.guidance_scales[p.step] for t, p in zip(trajs, pairs)}
+        if len(experts) > 1 or len(guidance) > 1:
+            raise ValueError(f"micro-batch {pairs} mixes experts {experts} or guidance scales {guidance}")
+        return trajs, experts.pop(), guidance.pop()
+
+    def _forward(self, batch: RolloutBatch, pairs: list[Pair], probe: "_ParityProbe | None"):
+        """The model output and SDE step of stored pairs under the current weights."""
+        trajs, expert, guidance = self._pair_tensors(batch, pairs)
+        gather = lambda fn: torch.stack([fn(t, p) for t, p in zip(trajs, pairs)]).to(self.device)  # noqa: E731
+        x = gather(lambda t, p: t.latents[p.step])
+        x_next = gather(lambda t, p: t.latents[p.step + 1])
+        sigma = gather(lambda t, p: t.sigmas[p.step])
+        sigma_next = gather(lambda t, p: t.sigmas[p.step + 1])
+        old_log_prob = gather(lambda t, p: t.log_probs[p.step])
+        cond = Conditioning.cat([t.cond for t in trajs])
+        ctx = _StepContext(x, x_next, sigma, sigma_next, cond, guidance, expert, trajs[0].noise_level,
+                           trajs[0].sde_type, largest_sigma_below_one(trajs[0].sigmas.tolist()))
+        step = self._step(ctx, self.model.velocity(x, sigma, cond, guidance, expert))
+        if probe is not None and trajs[0].model_outputs is not None:
+            stored = torch.stack([t.model_outputs[p.step] for t, p in zip(trajs, pairs)])
+            probe.add(step.v.detach().cpu(), stored, step.log_prob.detach().cpu(), old_log_prob.cpu())
+        return step, old_log_prob, ctx
+
+    @staticmethod
+    def _step(ctx: "_StepContext", v: torch.Tensor):
+        step = sde_step(ctx.x, v, ctx.sigma, ctx.sigma_next, ctx.noise_level, ctx.sde_type,
+                        x_next=ctx.x_next, sigma_max=ctx.sigma_max)
+        step.v = v
+        return step
+
+    def _micro_batch_loss(self, batch, pairs, probe, v_old):
+        args = self.args
+        advantages = torch.tensor([batch.advantages[p.sample] for p in pairs])
+        if args.loss_type == "nft":
+            if probe is not None:
+                with torch.no_grad():
+                    self._forward(batch, pairs, probe)
+            x_t, target, sigma, cond, guidance, expert = self._renoised(batch, pairs)
+            v_new = self.model.velocity(x_t, sigma, cond, guidance, expert)
+            old = torch.stack([v_old[p] for p in pairs])
+            optimality = nft_optimality(advantages, args.diffusion_adv_clip_max).to(self.device)
+            return nft_loss(v_new, old, target, optimality, args.nft_beta)
+        step, old_log_prob, ctx = self._forward(batch, pairs, probe)
+        ref_mean = self._reference_mean(ctx) if args.diffusion_kl_beta > 0 else None
+        inputs = PolicyLossInputs(step.log_prob, old_log_prob, advantages.to(self.device), step.mean, step.std, ref_mean)
+        if self.custom_loss is not None:
+            return self.custom_loss(args, inputs)
+        return policy_loss(inputs, clip_range=args.diffusion_clip_range, kl_beta=args.diffusion_kl_beta)
+
+    @torch.no_grad()
+    def _reference_mean(self, ctx: "_StepContext") -> torch.Tensor:
+        reference = self.args.diffusion_kl_reference
+        if reference == "auto":
+            reference = "lora_base" if self.lora is not None else "ema"
+        if reference == "lora_base":
+            if self.lora is None:
+                raise ValueError("--diffusion-kl-reference lora_base needs --use-lora")
+            with adapters_disabled([self.model.transformers[c] for c in self.components]):
+                v_ref = self.model.velocity(ctx.x, ctx.sigma, ctx.cond, ctx.guidance, ctx.expert)
+        else:
+            if self.ema is None:
+                raise ValueError("a KL against the EMA needs --use-ema")
+            with self.ema.swapped_in(self.params):
+                v_ref = self.model.velocity(ctx.x, ctx.sigma, ctx.cond, ctx.guidance, ctx.expert)
+        return self._step(ctx, v_ref).mean
+
+    def _renoised(self, batch: RolloutBatch, pairs: list[Pair]):
+        """DiffusionNFT's forward-process sample x_t = (1 - s) x0 + s e at each pair's sigma.
+
+        The noise is a function of (seed, rollout, pair) alone, so it is the same on any rank
+        count and after a resume.
+        """
+        trajs, expert, guidance = self._pair_tensors(batch, pairs)
+        x0 = torch.stack([t.latents[-1] for t in trajs]).to(self.device)
+        noise = torch.stack([
+            torch.randn(x0.shape[1:], generator=torch.Generator().manual_seed(
+                zlib.crc32(f"{self.args.seed}:{batch.rollout_id}:{p.sample}:{p.step}".encode())))
+            for p in pairs]).to(self.device)
+        sigma = torch.stack([t.sigmas[p.step] for t, p in zip(trajs, pairs)]).to(self.device)
+        s = sigma.reshape(-1, *([1] * (x0.ndim - 1)))
+        x_t = (1 - s) * x0 + s * noise
+        return x_t, flow_matching_target(x0, noise), sigma, Conditioning.cat([t.cond for t in trajs]), guidance, expert
+
+    @torch.no_grad()
+    def _old_velocities(self, batch: RolloutBatch, shard: list[Pair]) -> dict[Pair, torch.Tensor]:
+        """The sampling policy's velocities (the weights before this rollout's first step)."""
+        out = {}
+        for p in shard:
+            x_t, _, sigma, cond, guidance, expert = self._renoised(batch, [p])
+            out[p] = self.model.velocity(x_t, sigma, cond, guidance, expert)[0]
+        return out
+
+    def _optimizer_step(self) -> float:
+        params = list(self.params.values())
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        if self.world_size > 1:
+            dist.all_reduce(flat)
+            flat /= self.world_size
+        offset = 0
+        for p in params:
+            p.grad = flat[offset:offset + p.numel()].view_as(p).clone()
+            offset += p.numel()
+        grad_norm = clip_gradients(params, self.args.clip_grad)
+        if not self.args.debug_skip_optimizer_step:
+            set_learning_rate(self.optimizer, self._lr())
+            self.optimizer.step()
+            self.optimizer_step += 1
+            if self.ema is not None:
+                self.ema.update(self.params)
+        self.optimizer.zero_grad(set_to_none=True)
+        return grad_norm
+
+    def _lr(self) -> float:
+        args = self.args
+        total = args.num_rollout * self.plan.num_steps_per_rollout if args.num_rollout else None
+        return learning_rate(self.optimizer_step, lr=args.lr, min_lr=args.min_lr, warmup_steps=args.lr_warmup_steps,
+                             total_steps=total, decay_style=args.lr_decay_style)
+
+    def _reduce(self, metrics: dict[str, float], probe: "_ParityProbe | None") -> dict[str, float]:
+        if probe is not None and probe.count:
+            metrics["train/model_output_mean_abs_diff"] = probe.abs_sum / probe.count
+            metrics["train/model_output_max_abs_diff"] = probe.abs_max
+            metrics["train/log_prob_abs_diff"] = probe.log_prob_max
+        if self.world_size == 1:
+            return metrics
+        keys = sorted(metrics)
+        maxed = [k for k in keys if k.endswith("max_abs_diff") or k == "train/log_prob_abs_diff"]
+        summed = [k for k in keys if k not in maxed]
+        sums = torch.tensor([metrics[k] for k in summed], dtype=torch.float64)
+        dist.all_reduce(sums)
+        out = {k: float(v) / self.world_size for k, v in zip(summed, sums)}
+        if probe is not None:  # the mean diff is a mean over every rank's elements
+            counts = torch.tensor([probe.abs_sum, float(probe.count)], dtype=torch.float64)
+            dist.all_reduce(counts)
+            out["train/model_output_mean_abs_diff"] = float(counts[0] / counts[1]) if counts[1] else 0.0
+        if maxed:
+            maxes = torch.tensor([metrics[k] for k in maxed], dtype=torch.float64)
+            dist.all_reduce(maxes, op=dist.ReduceOp.MAX)
+            out.update({k: float(v) for k, v in zip(maxed, maxes)})
+        return out
+
+    def _peak_memory(self) -> int:
+        if self.device.type == "cuda":
+            return int(torch.cuda.max_memory_allocated())
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+    # -- weights out --------------------------------------------------------------------------
+
+    def weight_updates(self) -> list[WeightUpdate]:
+        return collect_weight_updates(self.model.transformers, self.components, lora_only=self.lora is not None)
+
+    def trained_state(self) -> dict[str, torch.Tensor]:
+        """Every trained tensor by `<component>.<param name>`, CPU copies (tests compare runs with it)."""
+        return {n: p.detach().cpu().clone() for n, p in self.params.items()}
+
+    # -- checkpoints --------------------------------------------------------------------------
+
+    def save(self, staging: str) -> None:
+        staging = Path(staging)
+        torch.save(ckpt.rng_state(), staging / f"rng_rank{self.rank}.pt")
+        if self.rank != 0:
+            return
+        for component in self.components:
+            own = {n.split(".", 1)[1]: p for n, p in self.params.items() if n.startswith(component + ".")}
+            ckpt.save_tensors(staging / f"model_{component}.safetensors", own)
+            if self.ema is not None:
+                shadow = {n.split(".", 1)[1]: t for n, t in self.ema.shadow.items() if n.startswith(component + ".")}
+                ckpt.save_tensors(staging / f"ema_{component}.safetensors", shadow)
+        torch.save({"optimizer": self.optimizer.state_dict(), "optimizer_step": self.optimizer_step},
+                   staging / "optimizer.pt")
+        (staging / "rank0.json").write_text(json.dumps({"world_size": self.world_size, "lora": self.lora is not None}))
+
+    @torch.no_grad()
+    def load(self, path: str) -> None:
+        path = Path(path)
+        for component in self.components:
+            stored = ckpt.load_tensors(path / f"model_{component}.safetensors")
+            for name, tensor in stored.items():
+                self.params[f"{component}.{name}"].copy_(tensor)
+            if self.ema is not None and (path / f"ema_{component}.safetensors").exists():
+                shadow = ckpt.load_tensors(path / f"ema_{component}.safetensors")
+                self.ema.load_state_dict({**self.ema.shadow, **{f"{component}.{n}": t for n, t in shadow.items()}})
+        state = torch.load(path / "optimizer.pt", weights_only=False)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.optimizer_step = state["optimizer_step"]
+        rng_file = path / f"rng_rank{self.rank}.pt"
+        ckpt.set_rng_state(torch.load(rng_file if rng_file.exists() else path / "rng_rank0.pt", weights_only=False))
+
+
+@dataclass
+class _StepContext:
+    """A micro-batch's stored step, on the train device, ready to re-run under any weights."""
+
+    x: torch.Tensor
+    x_next: torch.Tensor
+    sigma: torch.Tensor
+    sigma_next: torch.Tensor
+    cond: Conditioning
+    guidance: float
+    expert: str
+    noise_level: float
+    sde_type: str
+    sigma_max: float
+
+
+class _ParityProbe:
+    """Train-side model outputs against the engine's, on the weights that made the rollout."""
+
+    def __init__(self):
+        self.abs_sum, self.abs_max, self.count, self.log_prob_max = 0.0, 0.0, 0, 0.0
+
+    def add(self, v: torch.Tensor, stored: torch.Tensor, log_prob: torch.Tensor, old_log_prob: torch.Tensor) -> None:
+        diff = (v.float() - stored.float()).abs()
+        self.abs_sum += float(diff.sum(dtype=torch.float64))
+        self.abs_max = max(self.abs_max, float(diff.max()))
+        self.count += diff.numel()
+        self.log_prob_max = max(self.log_prob_max, float((log_prob - old_log_prob).abs().max()))
+
