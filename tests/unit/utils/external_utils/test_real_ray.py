@@ -1,0 +1,109 @@
+"""The launcher against real Ray clusters on this host: few tests, each with its own ports and dirs."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from miles.utils.external_utils.local_cluster import HEAD_ROLE, WORKER_ROLE
+from miles.utils.external_utils.processes import LaunchRecord, end_token_processes, pids_with_token
+from miles.utils.external_utils.ray_cluster import free_ports, tcp_reachable
+
+RECIPE = Path(__file__).with_name("example_recipe.py")
+SECRET = "wandb-secret-value-1a2b3c"
+
+TINY_TRAIN = textwrap.dedent("""
+    import os, sys
+    print("TINY TRAIN argv:", " ".join(sys.argv[1:]))
+    print("wandb key reached the job:", bool(os.environ.get("WANDB_API_KEY")))
+    sys.exit(int(os.environ.get("TINY_EXIT_CODE", "0")))
+""")
+
+
+@pytest.fixture
+def train_script(tmp_path):
+    path = tmp_path / "tiny_train.py"
+    path.write_text(TINY_TRAIN)
+    return path
+
+
+def _start(argv, log, **env):
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("MILES_SCRIPT_") and k != "WANDB_API_KEY"}
+    environ.update(env)
+    return subprocess.Popen([sys.executable, str(RECIPE), *argv], stdout=log.open("w"), stderr=subprocess.STDOUT,
+                            env=environ, start_new_session=True)
+
+
+def _tokens(*record_dirs_and_roles):
+    records = [LaunchRecord.load(d, role) for d, role in record_dirs_and_roles]
+    return [r.token for r in records if r is not None]
+
+
+def _end_everything(procs, tokens):
+    """Teardown if a test failed halfway: only what these tests started."""
+    for token in tokens:
+        end_token_processes(token, grace_s=5)
+    for proc in procs:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+
+
+def _wait_until(predicate, timeout, what):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(what)
+        time.sleep(0.5)
+
+
+@pytest.mark.timeout(420)
+def test_train_role_waits_for_a_worker_node_and_a_failed_job_exits_non_zero(tmp_path, train_script):
+    head_port = free_ports(1)[0]
+    out, worker_out = tmp_path / "out", tmp_path / "worker"
+    train_log, worker_log = tmp_path / "train.log", tmp_path / "worker.log"
+    train = _start(["train", "--output-dir", str(out), "--run-id", "r1", "--num-nodes", "2",
+                    "--ray-head-port", str(head_port), "--train-script", str(train_script),
+                    "--extra-env-vars", "TINY_EXIT_CODE=3"], train_log)
+    procs = [train]
+    try:
+        _wait_until(lambda: tcp_reachable("127.0.0.1", head_port), 120, "head never came up")
+        worker = _start(["worker", "--head-address", f"127.0.0.1:{head_port}", "--output-dir", str(worker_out),
+                         "--num-cpus", "1"], worker_log)
+        procs.append(worker)
+        _wait_until(lambda: LaunchRecord.load(worker_out, WORKER_ROLE) is not None, 60, "worker recorded nothing")
+        tokens = _tokens((out, HEAD_ROLE), (worker_out, WORKER_ROLE))
+
+        assert train.wait(timeout=300) == 3, train_log.read_text()[-3000:]
+        log = train_log.read_text()
+        assert log.index("cluster ready: ClusterResources(num_nodes=2") < log.index("EXEC: ray job submit")
+        assert "TINY TRAIN argv: --run-dir" in log and "FAILED" in log
+
+        # the head is gone with the train role; the worker notices and leaves on its own
+        assert worker.wait(timeout=90) == 0, worker_log.read_text()[-3000:]
+        assert "is gone: leaving" in worker_log.read_text()
+        assert len(tokens) == 2 and all(pids_with_token(t) == [] for t in tokens)
+    finally:
+        _end_everything(procs, _tokens((out, HEAD_ROLE), (worker_out, WORKER_ROLE)))
+
+
+@pytest.mark.timeout(300)
+def test_successful_job_exits_0_key_reaches_job_and_cluster_is_ended(tmp_path, train_script):
+    out, log_path = tmp_path / "out", tmp_path / "train.log"
+    train = _start(["train", "--output-dir", str(out), "--run-id", "r2", "--train-script", str(train_script),
+                    "--extra-args", "--diffusion-kl-beta 0.02"], log_path, WANDB_API_KEY=SECRET)
+    try:
+        assert train.wait(timeout=240) == 0, log_path.read_text()[-3000:]
+        log = log_path.read_text()
+        assert "wandb key reached the job: True" in log
+        assert "--diffusion-kl-beta 0.02" in log.split("TINY TRAIN argv:")[1].splitlines()[0]
+        assert SECRET not in log
+        assert not [p for p in out.rglob("*") if p.is_file() and SECRET in p.read_text()]
+        assert pids_with_token(LaunchRecord.load(out, HEAD_ROLE).token) == []
+    finally:
+        _end_everything([train], _tokens((out, HEAD_ROLE)))
