@@ -76,7 +76,7 @@ class DryRun:
             repl[str(self.repo_root)] = "<REPO>"
         repl[sys.executable] = "<PYTHON>"
         home = os.path.expanduser("~")
-        if home not in ("/", ""):
+        if home not in ("/", "") and (self.repo_root is None or str(self.repo_root) != home):
             repl[home] = "<HOME>"
         return Normalizer(repl, secrets=_secret_values())
 

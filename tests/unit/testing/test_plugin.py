@@ -1,0 +1,208 @@
+"""The plugin as users meet it: pytest runs in a scratch repository (pytester), loaded with -p."""
+
+import json
+import shutil
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytest_plugins = ["pytester"]
+
+REPO = Path(__file__).resolve().parents[3]
+TINY = REPO / "scripts" / "run_diffusion_grpo_tiny_cpu.py"
+DRY_TEST = REPO / "tests" / "e2e" / "test_dry.py"
+
+CASES_MODULE = textwrap.dedent('''
+    from miles.testing import RecipeCase, parametrize_cases
+    CASES = [
+        RecipeCase.cpu("scripts/run_fixture.py", args=(), timeout={timeout}, metrics={metrics}),
+        RecipeCase.gpu("scripts/run_fixture.py", gpus=2, est_time=600, labels=("fixture",)),
+    ]
+
+    @parametrize_cases(CASES)
+    def test_recipe(recipe_case, run_recipe, check_run):
+        check_run(run_recipe(recipe_case))
+''')
+
+# Writes what the trainer writes: metrics.jsonl (parity exactly 0.0) and run.json.
+GOOD_RECIPE = textwrap.dedent('''
+    import json, os, sys
+    out = sys.argv[sys.argv.index("--output-dir") + 1]
+    rd = os.path.join(out, "run-1"); os.makedirs(rd)
+    rows = [{"rollout_id": i, "train/loss": 0.5 / (i + 1), "train/model_output_mean_abs_diff": 0.0,
+             "perf/train_pairs_per_sec": 4.0, "perf/peak_memory_bytes": 1000} for i in range(2)]
+    with open(os.path.join(rd, "metrics.jsonl"), "w") as f:
+        f.write("".join(json.dumps(r) + "\\n" for r in rows))
+    json.dump({"argv": ["--lr", "1"], "resumed": False, "start_rollout_id": 0, "versions": {"torch": "t"}},
+              open(os.path.join(rd, "run.json"), "w"))
+    print("trained", flush=True)
+''')
+
+HANGING_RECIPE = textwrap.dedent('''
+    import subprocess, sys, time
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+    for i in range(500):
+        print(f"step {i}", flush=True)
+    time.sleep(600)
+''')
+
+
+def scratch_repo(pytester, recipe_body, timeout=60, metrics=("train/loss",)):
+    pytester.mkdir("scripts")
+    (pytester.path / "scripts" / "run_fixture.py").write_text(recipe_body)
+    pytester.makepyfile(test_cases=CASES_MODULE.format(timeout=timeout, metrics=tuple(metrics)))
+
+
+def test_markers_are_registered_so_strict_markers_accepts_them(pytester):
+    pytester.makepyfile(textwrap.dedent('''
+        import pytest
+        @pytest.mark.gpu(2)
+        @pytest.mark.e2e
+        @pytest.mark.dry
+        @pytest.mark.nightly
+        def test_x():
+            pass
+    '''))
+    result = pytester.runpytest_subprocess("-p", "miles.testing", "--strict-markers", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)
+    markers = pytester.runpytest_subprocess("-p", "miles.testing", "--markers")
+    markers.stdout.fnmatch_lines(["*gpu(n)*", "*nightly*"])
+
+
+def test_cases_json_lists_every_collected_case_for_ci(pytester, tmp_path):
+    scratch_repo(pytester, GOOD_RECIPE)
+    out = tmp_path / "cases.json"
+    result = pytester.runpytest_subprocess("-p", "miles.testing", "--collect-only", "-q", "--miles-cases-json", str(out))
+    result.stdout.fnmatch_lines(["*test_recipe?run_fixture-cpu?", "*test_recipe?run_fixture-gpu?"])
+    cases = {c["name"]: c for c in json.loads(out.read_text())}
+    assert set(cases) == {"run_fixture-cpu", "run_fixture-gpu"}
+    gpu = cases["run_fixture-gpu"]
+    assert gpu["tier"] == "gpu" and gpu["gpus"] == 2 and gpu["suites"] == ["nightly-gpu"]
+    assert gpu["est_time"] == 600 and gpu["labels"] == ["fixture"] and gpu["recipe"] == "scripts/run_fixture.py"
+    assert gpu["nodeid"].endswith("test_recipe[run_fixture-gpu]")
+
+
+def test_gpu_case_skips_with_its_reason_without_nvml_and_cpu_case_runs(pytester, tmp_path, monkeypatch):
+    scratch_repo(pytester, GOOD_RECIPE)
+    monkeypatch.setenv("MILES_RESULTS_DIR", str(tmp_path / "results"))
+    pytester.runpytest_subprocess("-p", "miles.testing", "--miles-record-standards", "-k", "cpu")
+    result = pytester.runpytest_subprocess("-p", "miles.testing", "-rs")
+    result.assert_outcomes(passed=1, skipped=1)
+    result.stdout.fnmatch_lines(["*SKIPPED*GPU tier: NVML*"])
+    record = json.loads((tmp_path / "results" / "run_fixture-cpu.json").read_text())
+    assert record["outcome"] == "passed" and record["throughput"] == {"last": 4.0, "mean": 4.0}
+    assert record["peak_memory"] == 1000 and record["run_json"]["resumed"] is False
+    assert json.loads((tmp_path / "results" / "run_fixture-gpu.json").read_text())["outcome"] == "skipped"
+
+
+def test_standards_are_written_only_on_request_and_then_compared_strictly(pytester):
+    scratch_repo(pytester, GOOD_RECIPE)
+    standard = pytester.path / "standards" / "run_fixture-cpu.json"
+    missing = pytester.runpytest_subprocess("-p", "miles.testing", "-k", "cpu")
+    missing.assert_outcomes(failed=1)
+    missing.stdout.fnmatch_lines(["*no committed metric standard*", "*--miles-record-standards*"])
+    assert not standard.exists()
+    pytester.runpytest_subprocess("-p", "miles.testing", "-k", "cpu", "--miles-record-standards").assert_outcomes(passed=1)
+    assert json.loads(standard.read_text())["metrics"]["train/loss"] == [0.5, 0.25]
+    pytester.runpytest_subprocess("-p", "miles.testing", "-k", "cpu").assert_outcomes(passed=1)
+    data = json.loads(standard.read_text())
+    data["metrics"]["train/loss"][1] = 0.25000000000000006
+    standard.write_text(json.dumps(data))
+    drifted = pytester.runpytest_subprocess("-p", "miles.testing", "-k", "cpu")
+    drifted.assert_outcomes(failed=1)
+    drifted.stdout.fnmatch_lines(["*train/loss at rollout 1*strict*"])
+
+
+def test_parity_regression_fails_the_run_even_with_a_standard(pytester):
+    scratch_repo(pytester, GOOD_RECIPE.replace('"train/model_output_mean_abs_diff": 0.0',
+                                               '"train/model_output_mean_abs_diff": 1e-9'), metrics=())
+    result = pytester.runpytest_subprocess("-p", "miles.testing", "-k", "cpu")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*parity broken at rollout 0*exactly 0.0*"])
+
+
+def test_hanging_case_is_ended_at_its_timeout_with_log_tail_and_no_survivor(pytester, tmp_path, monkeypatch):
+    scratch_repo(pytester, HANGING_RECIPE, timeout=3)
+    monkeypatch.setenv("MILES_RESULTS_DIR", str(tmp_path / "results"))
+    result = pytester.runpytest_subprocess("-p", "miles.testing", "-k", "cpu")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*timed out after 3s and was ended*", "*processes ended by the harness*",
+                                 "*last 200 lines*", "*step 499*"])
+    assert "step 299\n" not in result.stdout.str()
+    record = json.loads((tmp_path / "results" / "run_fixture-cpu.json").read_text())
+    assert record["outcome"] == "failed" and record["timed_out"] is True
+    # The daemon that left the recipe's session carried the token and is gone too.
+    leftover = [p for p in Path("/proc").iterdir() if p.name.isdigit() and _cmdline(p).startswith(
+        "python") and "time.sleep(600)" in _cmdline(p) and _env_has(p, "MILES_TEST_TOKEN=")]
+    assert leftover == []
+
+
+def _cmdline(p):
+    try:
+        return (p / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").split("/")[-1]
+    except OSError:
+        return ""
+
+
+def _env_has(p, needle):
+    try:
+        return needle.encode() in (p / "environ").read_bytes()
+    except OSError:
+        return False
+
+
+def copy_repo(pytester, recipes):
+    """A scratch repository laid out like this one: scripts/ with the given recipes and the
+    real tests/e2e/test_dry.py."""
+    (pytester.path / "scripts").mkdir()
+    for name, text in recipes.items():
+        (pytester.path / "scripts" / name).write_text(text)
+    (pytester.path / "tests" / "e2e").mkdir(parents=True)
+    shutil.copy(DRY_TEST, pytester.path / "tests" / "e2e" / "test_dry.py")
+
+
+def test_new_recipe_with_non_dividing_pair_shards_fails_its_dry_check_with_no_test_edit(pytester):
+    bad = TINY.read_text().replace("--num-steps-per-rollout 1 ", "--num-steps-per-rollout 3 ")
+    assert bad != TINY.read_text()
+    copy_repo(pytester, {"run_my_new_recipe.py": bad})
+    result = pytester.runpytest_subprocess("-p", "miles.testing", "tests/e2e", "-k", "my_new_recipe")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*num_pairs_shard=64 not divisible by num_steps_per_rollout=3*"])
+
+
+def test_recipe_without_snapshot_fails_naming_the_command_that_records_it(pytester):
+    copy_repo(pytester, {"run_fresh.py": TINY.read_text()})
+    result = pytester.runpytest_subprocess("-p", "miles.testing", "tests/e2e")
+    result.assert_outcomes(failed=1)
+    out = result.stdout.str()
+    assert "No plan snapshot is recorded" in out
+    assert "pytest 'tests/e2e/test_dry.py::test_dry[run_fresh-dry]' --snapshot-update" in out
+
+
+def test_editing_one_flag_fails_only_that_recipes_snapshot_and_snapshot_update_fixes_it(pytester):
+    copy_repo(pytester, {"run_one.py": TINY.read_text(), "run_two.py": TINY.read_text()})
+    pytester.runpytest_subprocess("-p", "miles.testing", "tests/e2e", "--snapshot-update").assert_outcomes(passed=2)
+    one = pytester.path / "scripts" / "run_one.py"
+    one.write_text(one.read_text().replace('"--lr 3e-4 ', '"--lr 5e-4 '))
+    result = pytester.runpytest_subprocess("-p", "miles.testing", "tests/e2e")
+    result.assert_outcomes(failed=1, passed=1)
+    result.stdout.fnmatch_lines(["*FAILED*test_dry?run_one-dry?*"])
+    result.stdout.fnmatch_lines(["*- --lr 3e-4*", "*+ --lr 5e-4*"])
+    pytester.runpytest_subprocess("-p", "miles.testing", "tests/e2e", "--snapshot-update").assert_outcomes(passed=2)
+    pytester.runpytest_subprocess("-p", "miles.testing", "tests/e2e").assert_outcomes(passed=2)
+
+
+def test_locked_flag_overridden_by_extra_args_is_caught(pytester):
+    # Whether the launcher refuses it or the dry check catches it, the dry case must fail.
+    recipe = TINY.read_text().replace(
+        "U.execute_train(train_args=train_args, num_gpus_per_node=0, config=args)",
+        "U.execute_train(train_args=train_args, num_gpus_per_node=0, config=args, locked_flags=['--lr'])")
+    recipe = recipe.replace("extra_args: str", "extra_args: str")
+    copy_repo(pytester, {"run_locked.py": recipe})
+    pytester.runpytest_subprocess("-p", "miles.testing", "tests/e2e", "--snapshot-update").assert_outcomes(passed=1)
+    env_recipe = pytester.path / "scripts" / "run_locked.py"
+    env_recipe.write_text(recipe.replace("if __name__ == \"__main__\":", "import sys\nsys.argv += ['--extra-args', '--lr 1e-2']\nif __name__ == \"__main__\":"))
+    result = pytester.runpytest_subprocess("-p", "miles.testing", "tests/e2e")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*--lr*"])
