@@ -7,7 +7,6 @@ import sys
 import time
 from pathlib import Path
 
-from miles.utils.external_utils.env_vars import master_addr
 from miles.utils.external_utils.launch_mode import is_dry_run
 from miles.utils.external_utils.processes import (
     LaunchRecord,
@@ -80,9 +79,9 @@ def start_ray_worker(
     Returns 0 when interrupted (Ctrl-C / SIGTERM) or when the head goes away, 1 if our own node
     died; either way the node this call started is ended before returning.
     """
-    node_ip = node_ip or master_addr()
+    node_ip = node_ip or _loopback_if_head_is(head_address)
     token = new_token()
-    ports = RayPorts() if is_dry_run() else RayPorts.allocate(node_ip)
+    ports = RayPorts() if is_dry_run() else RayPorts.allocate(node_ip or "0.0.0.0")
     spec = RayNodeSpec(node_ip, ports, ray_temp_dir_for(token), num_gpus, num_cpus, head_address=head_address)
     if is_dry_run():
         exec_command(ray_start_command(spec, cuda_visible_devices), dry_run=True)
@@ -98,6 +97,13 @@ def start_ray_worker(
         return 0
     finally:
         stop_node(record)
+
+
+def _loopback_if_head_is(head_address: str) -> str | None:
+    """A head on loopback is only reachable from this host, so this node must bind loopback too;
+    otherwise Ray finds the node's own address."""
+    host, _ = split_host_port(head_address)
+    return "127.0.0.1" if host in ("127.0.0.1", "localhost", "::1") else None
 
 
 def _block_while_head_alive(head_address: str, token: str, poll_s: float, head_lost_after: int) -> int:

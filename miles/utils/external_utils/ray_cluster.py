@@ -90,7 +90,7 @@ def ray_temp_dir_for(token: str) -> str:
 class RayNodeSpec:
     """How to start one Ray node: a head (head_address None) or a node joining a head."""
 
-    node_ip: str
+    node_ip: str | None  # None: let Ray pick the node's address (a worker on another host)
     ports: RayPorts
     temp_dir: str
     num_gpus: int
@@ -128,8 +128,9 @@ def ray_start_command(spec: RayNodeSpec, cuda_visible_devices: str | None = None
                   f"--ray-client-server-port={p.ray_client_server_port}"]
     else:
         words += [f"--address={spec.head_address}"]
+    if spec.node_ip:
+        words.append(f"--node-ip-address={spec.node_ip}")
     words += [
-        f"--node-ip-address={spec.node_ip}",
         f"--node-manager-port={p.node_manager_port}",
         f"--object-manager-port={p.object_manager_port}",
         f"--dashboard-agent-listen-port={p.dashboard_agent_listen_port}",

@@ -66,3 +66,8 @@ def test_low_open_files_limit_is_raised_to_hard_limit_and_warned_about():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert "soft 1024" in result.stdout
     assert "WARNING: open-files limit is 1024" in result.stderr
+
+
+def test_node_without_an_address_lets_ray_pick_it():
+    spec = RayNodeSpec(None, RayPorts.allocate("0.0.0.0"), "/tmp/mray-z", 0, head_address="10.0.0.1:6379")
+    assert "--node-ip-address" not in ray_start_command(spec)
