@@ -1,0 +1,302 @@
+"""Flow-GRPO with PickScore on Wan2.2 A14B, full finetune of both experts, on 17 GPUs over 3 nodes.
+
+What it trains:
+    Both Wan2.2 experts (`transformer` for the high-noise steps, `transformer_2` for the rest,
+    switching at t = 0.875 x 1000), every weight, with Flow-GRPO; each video is scored by
+    PickScore (the mean over a few of its frames). The 2-step SDE window may start anywhere up
+    to the last steps, so a rollout can train either expert or both; each forward holds one
+    pair (`--micro-batch-size 1`), so no forward ever mixes the experts.
+
+Prerequisites:
+    --scale full: on every node, `<model-dir>/Wan2.2-T2V-A14B-Diffusers` (diffusers layout)
+    and `<model-dir>/PickScore_v1`, plus the repo and the same --data-dir (a shared filesystem).
+
+GPU layout (--scale full, 3 nodes, 17 GPUs):
+    node 0, 1   8 GPUs each: one train rank + one rollout engine per GPU (colocated), 16 DP ranks
+    node 2      1 GPU: PickScore, 4 reward workers at 0.25 GPU each. They ask for a GPU fraction
+                and no --colocate-reward, so Ray places them on the only GPU left free.
+    --num-nodes N trains on N nodes of 8 (the reward node comes on top).
+
+Scales (--scale):
+    full       Wan2.2 A14B and PickScore, 480x832 px x 33 frames, 16 prompts x 16 samples, 17 GPUs
+    gpu-proxy  the CI proxy: our proxy-size wan2_2 and a tiny CLIP on ONE node of 4 GPUs
+               (3 train ranks + engines colocated, 1 PickScore GPU), 256 px x 9 frames
+    cpu-proxy  our tiny wan2_2 and tiny CLIP, 64 px x 5 frames, 2 CPU train ranks + 1 reward slot
+
+Two ways to bring the cluster up (each node: `ulimit -n 1000000` first; a raylet inheriting
+1024 open files dies later with a misleading "Socket closed"):
+
+  A. You build it, the launcher only submits (MILES_SCRIPT_EXTERNAL_RAY=1):
+       head:        CUDA_VISIBLE_DEVICES=0,1,2,3,4,5,6,7 ray start --head --port 6379 --num-gpus 8
+       train node:  CUDA_VISIBLE_DEVICES=0,1,2,3,4,5,6,7 ray start --address <head-ip>:6379 --num-gpus 8
+       reward node: CUDA_VISIBLE_DEVICES=0 ray start --address <head-ip>:6379 --num-gpus 1
+       then, on the head:
+       MILES_SCRIPT_EXTERNAL_RAY=1 RAY_ADDRESS=http://<head-ip>:8265 \\
+           python3 scripts/run_diffusion_grpo_wan22_pickscore_17gpu_multinode.py train
+     (CUDA_VISIBLE_DEVICES must be in each `ray start`'s own environment; the launcher refuses
+     --cuda-visible-devices with an external cluster.)
+
+  B. One command per node role, the launcher starts the head itself:
+       head:        MASTER_ADDR=<head-ip> python3 scripts/run_..._17gpu_multinode.py train
+       train node:  python3 scripts/run_..._17gpu_multinode.py worker --head-address <head-ip>:6379 \\
+                        --node-ip <this-ip> --num-gpus 8
+       reward node: python3 scripts/run_..._17gpu_multinode.py worker --head-address <head-ip>:6379 \\
+                        --node-ip <this-ip> --num-gpus 1
+     A worker joins and blocks until interrupted or the head goes away.
+
+Either way `train` submits only once the cluster reports every node and GPU (train nodes x 8 +
+the reward GPU). With no role word the script runs `train`, like every other recipe.
+
+Example:
+    MILES_SCRIPT_ENABLE_RAY_SUBMIT=0 python3 scripts/run_diffusion_grpo_wan22_pickscore_17gpu_multinode.py --output-dir /tmp/dry
+    python3 scripts/run_diffusion_grpo_wan22_pickscore_17gpu_multinode.py --scale gpu-proxy --cuda-visible-devices 0,1,2,3
+    python3 scripts/run_diffusion_grpo_wan22_pickscore_17gpu_multinode.py --scale cpu-proxy
+Resume a killed run: the same --run-id plus --extra-args "--load <output-dir>/<run-id>/checkpoints".
+"""
+
+import dataclasses
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal, NamedTuple, Optional
+
+import miles.utils.external_utils.command_utils as U
+
+FAMILY = "wan2_2"
+RELEASED_CHECKPOINT = "Wan2.2-T2V-A14B-Diffusers"  # under --model-dir (--scale full)
+RELEASED_PICKSCORE = "PickScore_v1"  # under --model-dir (--scale full)
+ROLES = ("worker", "train")
+
+
+@dataclass(frozen=True)
+class _Scale:
+    """What --scale changes; the flag blocks in execute() are the same at every scale."""
+
+    checkpoint_size: Optional[str]  # None: the released checkpoint and PickScore; else ours
+    device: str
+    dtype: str  # train and rollout forwards; the trained weights stay float32
+    train_nodes: int  # default for --num-nodes
+    train_gpus_per_node: int  # GPUs (CPU slots on cpu), each holding a train rank and a rollout engine
+    reward_gpus: int
+    reward_node: bool  # True: the reward GPU is a node of its own; False: on the train node
+    height: int
+    width: int
+    frames: int  # 4k + 1 for the Wan VAE
+    num_steps: int  # denoising steps; the 2-step SDE window starts in 0..sde_window_max_start
+    sde_window_max_start: int
+    rollout_batch_size: int  # prompts per rollout
+    n_samples_per_prompt: int
+    rm_num_workers: int  # sharing the reward GPUs equally
+    num_prompts: int
+    num_rollout: int
+    eval_interval: Optional[int]  # None: no eval
+    save_interval: Optional[int]  # None: no checkpoints
+    deterministic: bool
+
+
+_SCALES: dict[str, _Scale] = {
+    "full": _Scale(
+        checkpoint_size=None, device="cuda", dtype="bfloat16", train_nodes=2, train_gpus_per_node=8, reward_gpus=1,
+        reward_node=True, height=480, width=832, frames=33, num_steps=20, sde_window_max_start=16,
+        rollout_batch_size=16, n_samples_per_prompt=16, rm_num_workers=4, num_prompts=4000, num_rollout=200,
+        eval_interval=10, save_interval=10, deterministic=False,
+    ),
+    "gpu-proxy": _Scale(
+        checkpoint_size="proxy", device="cuda", dtype="bfloat16", train_nodes=1, train_gpus_per_node=3,
+        reward_gpus=1, reward_node=False, height=256, width=256, frames=9, num_steps=10, sde_window_max_start=8,
+        rollout_batch_size=3, n_samples_per_prompt=4, rm_num_workers=4, num_prompts=64, num_rollout=4,
+        eval_interval=None, save_interval=None, deterministic=True,
+    ),
+    "cpu-proxy": _Scale(
+        checkpoint_size="tiny", device="cpu", dtype="float32", train_nodes=1, train_gpus_per_node=2, reward_gpus=1,
+        reward_node=False, height=64, width=64, frames=5, num_steps=6, sde_window_max_start=4,
+        rollout_batch_size=2, n_samples_per_prompt=4, rm_num_workers=1, num_prompts=16, num_rollout=2,
+        eval_interval=None, save_interval=None, deterministic=True,
+    ),
+}
+
+
+@dataclass
+class ScriptArgs(U.ExecuteTrainConfig):
+    num_nodes: Optional[int] = field(
+        default=None,
+        metadata={"help": "Training nodes (the reward node comes on top); unset: 2 at --scale full, 1 for the "
+                          "proxies."},
+    )
+    scale: Literal["full", "gpu-proxy", "cpu-proxy"] = field(
+        default="full",
+        metadata={"help": "full: Wan2.2 A14B on 2 nodes x 8 GPUs + 1 reward GPU; gpu-proxy: our proxy-size wan2_2 "
+                          "on one node of 4 GPUs (the CI proxy); cpu-proxy: our tiny wan2_2 on CPU slots."},
+    )
+    num_rollout: Optional[int] = field(
+        default=None, metadata={"help": "Rollouts to train; unset: 200 (full), 4 (gpu-proxy), 2 (cpu-proxy)."}
+    )
+    model_dir: str = field(
+        default=str(U.REPO_ROOT / "models"),
+        metadata={"help": "Released checkpoints are read from here; ours are created here once and reused."},
+    )
+    data_dir: str = field(default=str(U.REPO_ROOT / "data"), metadata={"help": "Where the prompt files are written."})
+    head_port: int = field(
+        default=6379,
+        metadata={"help": "GCS port of the Ray head `train` starts for a multi-node job (workers join "
+                          "<head-ip>:<port>); unused with MILES_SCRIPT_EXTERNAL_RAY=1 or on one node."},
+    )
+
+
+@dataclass
+class WorkerArgs:
+    head_address: str = field(
+        default="127.0.0.1:6379", metadata={"help": "The Ray head to join, host:gcs_port (see `train --head-port`)."}
+    )
+    num_gpus: int = field(default=8, metadata={"help": "GPUs this node offers: 8 for a train node, 1 for the reward node."})
+    node_ip: str = field(
+        default="", metadata={"help": "This node's address as the others reach it (empty: $MASTER_ADDR or 127.0.0.1)."}
+    )
+    cuda_visible_devices: str = field(
+        default="", metadata={"help": "Physical GPUs this node offers, e.g. 0 (empty: inherit CUDA_VISIBLE_DEVICES)."}
+    )
+    output_dir: str = field(
+        default=str(U.REPO_ROOT / "logs"), metadata={"help": "Where this node's launch record is kept (for cleanup)."}
+    )
+
+
+class Assets(NamedTuple):
+    checkpoint: str
+    pickscore: str
+    prompt_data: str
+    eval_prompt_data: str
+
+
+def prepare(args: ScriptArgs) -> Assets:
+    """Make (once) the checkpoint, the PickScore model and the prompts; a dry run only names them."""
+    scale = _SCALES[args.scale]
+    model_dir, data_dir = Path(args.model_dir), Path(args.data_dir)
+    if scale.checkpoint_size is None:  # prerequisites, not checked here
+        checkpoint, pickscore = model_dir / RELEASED_CHECKPOINT, model_dir / RELEASED_PICKSCORE
+    else:
+        checkpoint = model_dir / f"miles-{FAMILY}-{scale.checkpoint_size}-seed0"
+        pickscore = model_dir / "tiny-pickscore-seed0"
+    prompt_data = data_dir / f"general_prompts_{scale.num_prompts}.jsonl"
+    eval_prompt_data = data_dir / "general_eval_prompts_64.jsonl"
+    if not U.is_dry_run():
+        from miles.rollout.prompts import ensure_prompt_file
+
+        ensure_prompt_file("general", prompt_data, num_prompts=scale.num_prompts, seed=0)
+        ensure_prompt_file("general", eval_prompt_data, num_prompts=64, seed=1)
+        if scale.checkpoint_size is not None:
+            from miles.models.create_checkpoint import ensure_checkpoint
+            from miles.rollout.rm_hub.pickscore import ensure_tiny_pickscore
+
+            checkpoint = ensure_checkpoint(FAMILY, scale.checkpoint_size, 0, model_dir)
+            pickscore = ensure_tiny_pickscore(model_dir, seed=0)
+    return Assets(str(checkpoint), str(pickscore), str(prompt_data), str(eval_prompt_data))
+
+
+def execute(args: ScriptArgs, assets: Assets) -> None:
+    scale = _SCALES[args.scale]
+    num_rollout = args.num_rollout if args.num_rollout is not None else scale.num_rollout
+    run_dir = Path(args.output_dir).resolve() / args.run_id
+    train_nodes = args.num_nodes or scale.train_nodes
+    job_nodes = train_nodes + (1 if scale.reward_node else 0)
+    gpus_per_node = scale.train_gpus_per_node + (0 if scale.reward_node else scale.reward_gpus)
+    total_gpus = train_nodes * scale.train_gpus_per_node + scale.reward_gpus
+
+    ckpt_args = f"--hf-checkpoint {assets.checkpoint} --diffusion-model-family {FAMILY} "
+    if scale.save_interval:
+        ckpt_args += f"--save {run_dir / 'checkpoints'} --save-interval {scale.save_interval} "
+
+    rollout_args = (
+        f"--prompt-data {assets.prompt_data} --input-key prompt --rollout-shuffle "
+        f"--num-rollout {num_rollout} "
+        f"--rollout-batch-size {scale.rollout_batch_size} --n-samples-per-prompt {scale.n_samples_per_prompt} "
+        f"--diffusion-height {scale.height} --diffusion-width {scale.width} "
+        f"--diffusion-output-num-frames {scale.frames} "
+        f"--diffusion-num-steps {scale.num_steps} --diffusion-num-sde-steps 2 "
+        f"--diffusion-step-strategy-path sde_window --diffusion-sde-window-max-start {scale.sde_window_max_start} "
+        "--diffusion-sde-type sde --diffusion-noise-level 0.7 "
+        "--diffusion-guidance-scale 4.0 --diffusion-guidance-scale-2 3.0 "  # high-noise, low-noise expert
+    )
+
+    eval_args = ""
+    if scale.eval_interval:
+        eval_args = f"--eval-interval {scale.eval_interval} --eval-prompt-data {assets.eval_prompt_data} "
+
+    grpo_args = (
+        "--loss-type policy_loss --advantage-estimator grpo "
+        "--diffusion-clip-range 1e-4 --diffusion-adv-clip-max 5.0 "
+        "--num-steps-per-rollout 2 "
+    )
+
+    optimizer_args = "--lr 5e-6 --adam-beta1 0.9 --adam-beta2 0.999 --weight-decay 1e-4 --clip-grad 1.0 "
+
+    lora_args = ""  # full finetune of both experts
+
+    reward_args = (
+        f"--rm-type pickscore --pickscore-model-path {assets.pickscore} "
+        f"--rm-num-workers {scale.rm_num_workers} "
+        f"--rm-num-gpus-per-worker {scale.reward_gpus / scale.rm_num_workers:g} "
+    )
+
+    engine_args = (
+        f"--rollout-num-gpus {train_nodes * scale.train_gpus_per_node} --rollout-num-gpus-per-engine 1 "
+    )
+
+    train_backend_args = (
+        f"--param-dtype float32 --compute-dtype {scale.dtype} --rollout-dtype {scale.dtype} "
+        "--update-weight-target-module transformer transformer_2 "
+    )
+
+    perf_args = "--micro-batch-size 1 --train-dp-split-mode contiguous "  # one pair per forward: one expert
+    if scale.device == "cuda":
+        perf_args += "--gradient-checkpointing "
+
+    misc_args = (
+        f"--device {scale.device} --actor-num-nodes {train_nodes} "
+        f"--actor-num-gpus-per-node {scale.train_gpus_per_node} "
+        f"--num-nodes {job_nodes} --num-gpus-per-node {gpus_per_node} --colocate "
+        "--diffusion-debug-mode "  # log train/rollout parity (exactly 0.0 when healthy)
+    )
+    if scale.deterministic:
+        misc_args += "--deterministic-mode "
+
+    def wait_for_every_node(cluster: U.ClusterInfo) -> None:
+        """Submit only once the train nodes and the reward GPU have all joined."""
+        U.wait_for_cluster_resources(
+            cluster.job_server_url, num_nodes=job_nodes, num_gpus=0 if scale.device == "cpu" else total_gpus,
+        )
+
+    train_args = " ".join([
+        ckpt_args, rollout_args, eval_args, grpo_args, optimizer_args, lora_args, reward_args, engine_args,
+        train_backend_args, perf_args, misc_args, U.get_default_wandb_args(__file__, args.run_id),
+    ])
+    U.execute_train(
+        train_args=train_args,
+        num_gpus_per_node=0 if scale.device == "cpu" else gpus_per_node,
+        config=dataclasses.replace(args, num_nodes=train_nodes),
+        before_ray_job_submit=wait_for_every_node,
+        ray_head_port=args.head_port if train_nodes > 1 else None,
+    )
+
+
+@U.dataclass_cli
+def worker(args: WorkerArgs) -> None:
+    """Join the Ray head as a train node (--num-gpus 8) or the reward node (--num-gpus 1); block."""
+    status = U.start_ray_worker(
+        args.head_address, output_dir=args.output_dir, num_gpus=args.num_gpus,
+        cuda_visible_devices=args.cuda_visible_devices or None, node_ip=args.node_ip or None,
+    )
+    raise SystemExit(status)
+
+
+@U.dataclass_cli
+def main(args: ScriptArgs) -> None:
+    """Role `train` (also what runs with no role word): wait for every node and GPU, then submit.
+
+    The other role, `worker`, joins a node to the cluster: see `<this script> worker --help`.
+    """
+    execute(args, prepare(args))
+
+
+if __name__ == "__main__":
+    role = sys.argv.pop(1) if sys.argv[1:2] and sys.argv[1] in ROLES else "train"
+    worker() if role == "worker" else main()

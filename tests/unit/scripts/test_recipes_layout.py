@@ -1,0 +1,175 @@
+"""Every recipe under scripts/ is laid out the same way, and every scale of it assembles flags
+that train_diffusion.py accepts.
+
+Layout: a module docstring (what it trains, prerequisites, the layout, a runnable example),
+`ScriptArgs(U.ExecuteTrainConfig)` with help on every option, `prepare()`, `execute()` built from
+the named flag blocks, and `main()` decorated with `@U.dataclass_cli`. The argv check runs each
+recipe's own prepare() and execute() in process, in a dry run, with `execute_train` replaced by a
+recorder, and validates what it was given with `miles.utils.arguments.validate_argv`.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import importlib.util
+import json
+import os
+import shlex
+import subprocess
+import sys
+import typing
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[3]
+RECIPES = sorted((REPO / "scripts").glob("run_*.py"))
+SCALES = ("full", "gpu-proxy", "cpu-proxy")
+FLAG_BLOCKS = (
+    "ckpt_args", "rollout_args", "eval_args", "grpo_args", "optimizer_args", "lora_args", "reward_args",
+    "engine_args", "train_backend_args", "perf_args", "misc_args",
+)
+DOCSTRING_SECTIONS = ("What it trains:", "Prerequisites:", "layout", "Example:")
+
+
+def _ids(paths):
+    return [p.stem for p in paths]
+
+
+def _tree(path: Path) -> ast.Module:
+    return ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+
+
+def _top_level(tree: ast.Module, kind: type) -> dict[str, ast.AST]:
+    return {node.name: node for node in tree.body if isinstance(node, kind)}
+
+
+def _load(path: Path):
+    spec = importlib.util.spec_from_file_location(f"recipe_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _scales_of(module) -> tuple[str | None, ...]:
+    fields = {f.name: f for f in dataclasses.fields(module.ScriptArgs)}
+    return SCALES if "scale" in fields else (None,)
+
+
+def test_there_are_recipes():
+    assert len(RECIPES) >= 9, [p.name for p in RECIPES]
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=_ids(RECIPES))
+def test_docstring_names_purpose_prerequisites_layout_and_example(path):
+    doc = ast.get_docstring(_tree(path))
+    assert doc, f"{path.name}: no module docstring"
+    for section in DOCSTRING_SECTIONS:
+        assert section in doc, f"{path.name}: docstring lacks {section!r}"
+    assert f"python3 scripts/{path.name}" in doc, f"{path.name}: docstring has no runnable example"
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=_ids(RECIPES))
+def test_script_args_prepare_execute_main(path):
+    tree = _tree(path)
+    classes, functions = _top_level(tree, ast.ClassDef), _top_level(tree, ast.FunctionDef)
+    assert "ScriptArgs" in classes, f"{path.name}: no ScriptArgs"
+    bases = [ast.unparse(b) for b in classes["ScriptArgs"].bases]
+    assert bases == ["U.ExecuteTrainConfig"], f"{path.name}: ScriptArgs bases {bases}"
+    for name in ("prepare", "execute", "main"):
+        assert name in functions, f"{path.name}: no {name}()"
+    decorators = [ast.unparse(d) for d in functions["main"].decorator_list]
+    assert decorators == ["U.dataclass_cli"], f"{path.name}: main() decorated with {decorators}"
+    imports = [ast.unparse(n) for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
+    assert "import miles.utils.external_utils.command_utils as U" in imports
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=_ids(RECIPES))
+def test_execute_is_built_from_the_named_flag_blocks(path):
+    execute = _top_level(_tree(path), ast.FunctionDef)["execute"]
+    assigned = [t.id for node in ast.walk(execute) if isinstance(node, ast.Assign)
+                for t in node.targets if isinstance(t, ast.Name)]
+    blocks = [name for name in assigned if name in FLAG_BLOCKS]
+    assert list(dict.fromkeys(blocks)) == list(FLAG_BLOCKS), f"{path.name}: blocks {blocks}"
+    calls = [ast.unparse(n.func) for n in ast.walk(execute) if isinstance(n, ast.Call)]
+    assert "U.execute_train" in calls and "U.get_default_wandb_args" in calls
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=_ids(RECIPES))
+def test_every_option_has_help(path):
+    module = _load(path)
+    for f in dataclasses.fields(module.ScriptArgs):
+        assert f.metadata.get("help"), f"{path.name}: --{f.name.replace('_', '-')} has no help"
+    hints = typing.get_type_hints(module.ScriptArgs)
+    if "scale" in hints:
+        assert typing.get_args(hints["scale"]) == SCALES
+
+
+class _Recorder:
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, train_args, num_gpus_per_node, config, **kwargs):
+        self.calls.append({"train_args": train_args, "num_gpus_per_node": num_gpus_per_node,
+                           "config": config, **kwargs})
+
+
+def _cases():
+    cases = []
+    for path in RECIPES:
+        for scale in _scales_of(_load(path)):
+            cases.append(pytest.param(path, scale, id=f"{path.stem}-{scale or 'default'}"))
+    return cases
+
+
+@pytest.mark.parametrize("path,scale", _cases())
+def test_every_scale_assembles_flags_that_validate(path, scale, tmp_path, monkeypatch):
+    from miles.utils.arguments import validate_argv
+
+    monkeypatch.setenv("MILES_SCRIPT_ENABLE_RAY_SUBMIT", "0")
+    module = _load(path)
+    recorder = _Recorder()
+    monkeypatch.setattr(module.U, "execute_train", recorder)
+    kwargs = {"output_dir": str(tmp_path), "model_dir": str(tmp_path / "models"), "data_dir": str(tmp_path / "data")}
+    if scale is not None:
+        kwargs["scale"] = scale
+    args = module.ScriptArgs(**kwargs)
+    module.execute(args, module.prepare(args))
+
+    assert len(recorder.calls) == 1
+    call = recorder.calls[0]
+    argv = shlex.split(call["train_args"])
+    plan = validate_argv(["--run-dir", str(tmp_path / "run"), *argv])
+    assert plan.samples_per_rollout >= plan.dp_size
+    device = argv[len(argv) - 1 - argv[::-1].index("--device") + 1]
+    if device == "cpu":
+        assert call["num_gpus_per_node"] == 0, "a CPU recipe starts its Ray head with no GPUs"
+    else:
+        assert call["num_gpus_per_node"] > 0
+    for flag in call.get("locked_flags") or ():
+        assert flag in argv, f"locked flag {flag} is not set by the recipe"
+    assert not list(tmp_path.glob("models/*")) and not list(tmp_path.glob("data/*")), "a dry run made assets"
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=_ids(RECIPES))
+def test_dry_run_imports_neither_torch_nor_ray(path, tmp_path):
+    probe = (
+        "import runpy, sys\n"
+        f"sys.argv = [{str(path)!r}, '--output-dir', {str(tmp_path)!r}]\n"
+        "try:\n"
+        f"    runpy.run_path({str(path)!r}, run_name='__main__')\n"
+        "except SystemExit as exit:\n"
+        "    assert not exit.code, exit.code\n"
+        "heavy = sorted(m for m in ('torch', 'ray', 'diffusers', 'transformers') if m in sys.modules)\n"
+        "print('HEAVY=' + ','.join(heavy))\n"
+    )
+    env = dict(os.environ, MILES_SCRIPT_ENABLE_RAY_SUBMIT="0")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, cwd=REPO,
+                            timeout=60)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "HEAVY=\n" in result.stdout, result.stdout[-500:]
+    plans = list(tmp_path.glob("*/plan.json"))
+    assert len(plans) == 1
+    assert json.loads(plans[0].read_text())["dry_run"] is True
+    assert "EXEC: " in result.stdout
