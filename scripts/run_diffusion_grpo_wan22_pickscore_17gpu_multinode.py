@@ -15,7 +15,7 @@ GPU layout (--scale full, 3 nodes, 17 GPUs):
     node 0, 1   8 GPUs each: one train rank + one rollout engine per GPU (colocated), 16 DP ranks
     node 2      1 GPU: PickScore, 4 reward workers at 0.25 GPU each. They ask for a GPU fraction
                 and no --colocate-reward, so Ray places them on the only GPU left free.
-    --num-nodes N trains on N nodes of 8 (the reward node comes on top).
+    --num-nodes N spans N nodes: N - 1 train nodes of 8 GPUs and the reward node.
 
 Scales (--scale):
     full       Wan2.2 A14B and PickScore, 480x832 px x 33 frames, 16 prompts x 16 samples, 17 GPUs
@@ -38,10 +38,8 @@ Two ways to bring the cluster up (each node: `ulimit -n 1000000` first; a raylet
 
   B. One command per node role, the launcher starts the head itself:
        head:        MASTER_ADDR=<head-ip> python3 scripts/run_..._17gpu_multinode.py train
-       train node:  python3 scripts/run_..._17gpu_multinode.py worker --head-address <head-ip>:6379 \\
-                        --node-ip <this-ip> --num-gpus 8
-       reward node: python3 scripts/run_..._17gpu_multinode.py worker --head-address <head-ip>:6379 \\
-                        --node-ip <this-ip> --num-gpus 1
+       train node:  python3 scripts/run_..._17gpu_multinode.py worker --head-address <head-ip>:6379 --num-gpus 8
+       reward node: python3 scripts/run_..._17gpu_multinode.py worker --head-address <head-ip>:6379 --num-gpus 1
      A worker joins and blocks until interrupted or the head goes away.
 
 Either way `train` submits only once the cluster reports every node and GPU (train nodes x 8 +
@@ -75,7 +73,7 @@ class _Scale:
     checkpoint_size: Optional[str]  # None: the released checkpoint and PickScore; else ours
     device: str
     dtype: str  # train and rollout forwards; the trained weights stay float32
-    train_nodes: int  # default for --num-nodes
+    num_nodes: int  # default for --num-nodes: the nodes the job spans, the reward node included
     train_gpus_per_node: int  # GPUs (CPU slots on cpu), each holding a train rank and a rollout engine
     reward_gpus: int
     reward_node: bool  # True: the reward GPU is a node of its own; False: on the train node
@@ -96,19 +94,19 @@ class _Scale:
 
 _SCALES: dict[str, _Scale] = {
     "full": _Scale(
-        checkpoint_size=None, device="cuda", dtype="bfloat16", train_nodes=2, train_gpus_per_node=8, reward_gpus=1,
+        checkpoint_size=None, device="cuda", dtype="bfloat16", num_nodes=3, train_gpus_per_node=8, reward_gpus=1,
         reward_node=True, height=480, width=832, frames=33, num_steps=20, sde_window_max_start=16,
         rollout_batch_size=16, n_samples_per_prompt=16, rm_num_workers=4, num_prompts=4000, num_rollout=200,
         eval_interval=10, save_interval=10, deterministic=False,
     ),
     "gpu-proxy": _Scale(
-        checkpoint_size="proxy", device="cuda", dtype="bfloat16", train_nodes=1, train_gpus_per_node=3,
+        checkpoint_size="proxy", device="cuda", dtype="bfloat16", num_nodes=1, train_gpus_per_node=3,
         reward_gpus=1, reward_node=False, height=256, width=256, frames=9, num_steps=10, sde_window_max_start=8,
         rollout_batch_size=3, n_samples_per_prompt=4, rm_num_workers=4, num_prompts=64, num_rollout=4,
         eval_interval=None, save_interval=None, deterministic=True,
     ),
     "cpu-proxy": _Scale(
-        checkpoint_size="tiny", device="cpu", dtype="float32", train_nodes=1, train_gpus_per_node=2, reward_gpus=1,
+        checkpoint_size="tiny", device="cpu", dtype="float32", num_nodes=1, train_gpus_per_node=2, reward_gpus=1,
         reward_node=False, height=64, width=64, frames=5, num_steps=6, sde_window_max_start=4,
         rollout_batch_size=2, n_samples_per_prompt=4, rm_num_workers=1, num_prompts=16, num_rollout=2,
         eval_interval=None, save_interval=None, deterministic=True,
@@ -120,8 +118,8 @@ _SCALES: dict[str, _Scale] = {
 class ScriptArgs(U.ExecuteTrainConfig):
     num_nodes: Optional[int] = field(
         default=None,
-        metadata={"help": "Training nodes (the reward node comes on top); unset: 2 at --scale full, 1 for the "
-                          "proxies."},
+        metadata={"help": "Nodes the job spans; unset: 3 at --scale full (2 train nodes of 8 GPUs + the reward "
+                          "node), 1 for the proxies (the reward GPU on the train node)."},
     )
     scale: Literal["full", "gpu-proxy", "cpu-proxy"] = field(
         default="full",
@@ -150,7 +148,8 @@ class WorkerArgs:
     )
     num_gpus: int = field(default=8, metadata={"help": "GPUs this node offers: 8 for a train node, 1 for the reward node."})
     node_ip: str = field(
-        default="", metadata={"help": "This node's address as the others reach it (empty: $MASTER_ADDR or 127.0.0.1)."}
+        default="", metadata={"help": "This node's address as the others reach it (empty: Ray finds it; loopback for a loopback "
+                                  "head)."}
     )
     cuda_visible_devices: str = field(
         default="", metadata={"help": "Physical GPUs this node offers, e.g. 0 (empty: inherit CUDA_VISIBLE_DEVICES)."}
@@ -196,8 +195,11 @@ def execute(args: ScriptArgs, assets: Assets) -> None:
     scale = _SCALES[args.scale]
     num_rollout = args.num_rollout if args.num_rollout is not None else scale.num_rollout
     run_dir = Path(args.output_dir).resolve() / args.run_id
-    train_nodes = args.num_nodes or scale.train_nodes
-    job_nodes = train_nodes + (1 if scale.reward_node else 0)
+    job_nodes = args.num_nodes or scale.num_nodes
+    train_nodes = job_nodes - (1 if scale.reward_node else 0)
+    if train_nodes < 1:
+        raise SystemExit(f"error: --num-nodes {job_nodes} leaves no train node: --scale {args.scale} puts the "
+                         f"reward GPU on a node of its own; give at least 2")
     gpus_per_node = scale.train_gpus_per_node + (0 if scale.reward_node else scale.reward_gpus)
     total_gpus = train_nodes * scale.train_gpus_per_node + scale.reward_gpus
 
@@ -272,9 +274,9 @@ def execute(args: ScriptArgs, assets: Assets) -> None:
     U.execute_train(
         train_args=train_args,
         num_gpus_per_node=0 if scale.device == "cpu" else gpus_per_node,
-        config=dataclasses.replace(args, num_nodes=train_nodes),
+        config=dataclasses.replace(args, num_nodes=job_nodes),
         before_ray_job_submit=wait_for_every_node,
-        ray_head_port=args.head_port if train_nodes > 1 else None,
+        ray_head_port=args.head_port if job_nodes > 1 else None,
     )
 
 
