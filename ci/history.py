@@ -83,12 +83,19 @@ class Measurement:
     fingerprint: Fingerprint
 
 
+def throughput_value(raw) -> float | None:
+    """The harness reports {"last", "mean"} over a run's rollouts; the mean is steadier."""
+    if isinstance(raw, dict):
+        raw = raw.get("mean", raw.get("last"))
+    return float(raw) if isinstance(raw, (int, float)) and not isinstance(raw, bool) else None
+
+
 def measurement_from_result(result: dict) -> Measurement:
     """From the harness's <MILES_RESULTS_DIR>/<case name>.json."""
     return Measurement(
         test=result["name"],
         outcome=result.get("outcome", "unknown"),
-        throughput=result.get("throughput"),
+        throughput=throughput_value(result.get("throughput")),
         peak_memory=result.get("peak_memory"),
         wall_time=result.get("wall_time"),
         fingerprint=fingerprint_from_run_json(result.get("run_json")),

@@ -7,7 +7,7 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ci.history import Verdict
+from ci.history import Verdict, throughput_value
 
 LOG_TAIL_LINES = 60
 
@@ -36,7 +36,7 @@ class CaseResult:
 
     @property
     def throughput(self) -> float | None:
-        return (self.harness_result or {}).get("throughput")
+        return throughput_value((self.harness_result or {}).get("throughput"))
 
     @property
     def peak_memory(self) -> float | None:

@@ -25,7 +25,7 @@ if str(REPO) not in sys.path:
 from ci.cases import Case, CollectError, Selection, collect_cases, load_cases, select  # noqa: E402
 from ci.history import History, load_thresholds  # noqa: E402
 from ci.junit import write_junit  # noqa: E402
-from ci.runner import RunSettings, SuiteRunner  # noqa: E402
+from ci.runner import DEFAULT_GPU_WAIT, RunSettings, SuiteRunner  # noqa: E402
 from ci.scheduler import Plan, make_plan, wide_job_bound  # noqa: E402
 from ci.summary import RunFacts, duration, render, write_summary  # noqa: E402
 
@@ -56,6 +56,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="gate thresholds, defaults and per test (YAML)")
     p.add_argument("--search-iterations", type=int, default=1500,
                    help="local-search steps spent improving the packing")
+    p.add_argument("--gpu-wait", type=float, default=DEFAULT_GPU_WAIT,
+                   help="seconds a GPU case's lease may wait for its GPUs to show free (0: off)")
     p.add_argument("--workdir", type=Path, default=REPO, help="where pytest runs")
     p.add_argument("pytest_args", nargs="*", help="passed to every case's pytest (after --)")
     return p.parse_args(argv)
@@ -134,7 +136,7 @@ def run(args: argparse.Namespace, cases: list[Case], plan: Plan, labels: list[st
     out = (args.out or default_out(suite)).resolve()
     history = History(args.history_db) if args.history_db else None
     settings = RunSettings(out, args.workdir, labels, history, load_thresholds(args.thresholds),
-                           args.pytest_args)
+                           args.pytest_args, gpu_wait=args.gpu_wait)
     started = time.monotonic()
     try:
         results = SuiteRunner(cases, plan, settings, on_finish=print_progress).run()

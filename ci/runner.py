@@ -7,7 +7,6 @@ its own process group, so a timeout or an interrupted run can end everything it 
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import queue
 import re
@@ -25,8 +24,11 @@ from ci.history import History, ThresholdRegistry, measurement_from_result
 from ci.results import CaseResult, read_harness_result, settle_outcome, tail
 from ci.scheduler import Dispatcher, Plan
 
-# beyond the case's own timeout, which the harness enforces inside; this guards a wedged pytest
-OUTER_TIMEOUT_GRACE = 120.0
+# Beyond the case's own timeout, which the harness enforces inside (with its own slack for
+# pytest-timeout); this only guards against a wedged pytest.
+OUTER_TIMEOUT_GRACE = 300.0
+# GPUs a finished case held can take a moment to show as free to the harness's lease
+DEFAULT_GPU_WAIT = 120.0
 KILL_GRACE = 15.0
 
 
@@ -39,6 +41,7 @@ class RunSettings:
     thresholds: ThresholdRegistry | None = None
     pytest_args: Sequence[str] = ()
     timeout_grace: float = OUTER_TIMEOUT_GRACE
+    gpu_wait: float = DEFAULT_GPU_WAIT
 
     @property
     def results_dir(self) -> Path:
@@ -49,12 +52,12 @@ def safe_filename(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)[:180]
 
 
-def pytest_command(case: Case, junit_path: Path, extra: Sequence[str]) -> list[str]:
+def pytest_command(case: Case, junit_path: Path, settings: RunSettings) -> list[str]:
     cmd = [sys.executable, "-m", "pytest", case.nodeid, "-q", "-p", "no:cacheprovider",
            f"--junitxml={junit_path}"]
-    if importlib.util.find_spec("pytest_timeout") is not None:
-        cmd.append(f"--timeout={int(case.timeout + 60)}")
-    return cmd + list(extra)
+    if case.gpus and settings.gpu_wait:
+        cmd.append(f"--miles-gpu-wait={settings.gpu_wait:g}")
+    return cmd + list(settings.pytest_args)
 
 
 class _Launched:
@@ -129,9 +132,9 @@ class SuiteRunner:
                             start=offset, log_path=str(log_path))
         with open(log_path, "w") as log:
             log.write(f"$ CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']} "
-                      f"{' '.join(pytest_command(case, junit, self.settings.pytest_args))}\n")
+                      f"{' '.join(pytest_command(case, junit, self.settings))}\n")
             log.flush()
-            proc = subprocess.Popen(pytest_command(case, junit, self.settings.pytest_args),
+            proc = subprocess.Popen(pytest_command(case, junit, self.settings),
                                     cwd=self.settings.workdir, env=env, stdout=log,
                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     start_new_session=True)
@@ -141,11 +144,15 @@ class SuiteRunner:
 
     def _wait(self, launched: _Launched) -> None:
         try:
-            launched.proc.wait(timeout=launched.case.timeout + self.settings.timeout_grace)
+            launched.proc.wait(timeout=self._deadline(launched.case))
         except subprocess.TimeoutExpired:
             launched.timed_out = True
             end_group(launched.proc)
         self.done.put(launched)
+
+    def _deadline(self, case: Case) -> float:
+        wait = self.settings.gpu_wait if case.gpus else 0.0
+        return case.timeout + wait + self.settings.timeout_grace
 
     def _finish(self, launched: _Launched) -> None:
         result = launched.result

@@ -121,3 +121,10 @@ def test_runs_are_stored_with_their_environment(history):
     history.gate(run(env=NEW_TORCH), LIMITS)
     (row,) = history.runs("wan22_gpu")
     assert row["torch"] == "2.11.0+cu130" and row["gpu_model"] == H100 and row["wall_time"] == 600.0
+
+
+def test_harness_throughput_summary_is_read_as_its_mean():
+    result = {"name": "x", "outcome": "passed", "throughput": {"last": 9.0, "mean": 8.0},
+              "peak_memory": None, "run_json": None}
+    assert measurement_from_result(result).throughput == 8.0
+    assert measurement_from_result({**result, "throughput": None}).throughput is None
