@@ -97,16 +97,25 @@ class DiffusionModel:
 
     @torch.no_grad()
     def encode_prompts(self, prompts: list[str], negative_prompt: str | list[str] | None = "") -> Conditioning:
-        """Prompt conditioning, with the negative prompt's when the family is guided."""
-        encode = lambda texts: {  # noqa: E731
-            k: v.to(self.dtype) if v.is_floating_point() else v
-            for k, v in self.spec.module.encode(self.parts, list(texts)).items()
-        }
+        """Prompt conditioning, with the negative prompt's when the family is guided.
+
+        Each distinct text is encoded on its own, so a sample's conditioning is the same whatever
+        microgroup it is sampled in (a batched text encoder can differ in the last bits).
+        """
+        cache: dict[str, dict[str, torch.Tensor]] = {}
+
+        def encode(texts: list[str]) -> dict[str, torch.Tensor]:
+            for text in texts:
+                if text not in cache:
+                    out = self.spec.module.encode(self.parts, [text])
+                    cache[text] = {k: v.to(self.dtype) if v.is_floating_point() else v for k, v in out.items()}
+            return {k: torch.cat([cache[t][k] for t in texts]) for k in cache[texts[0]]}
+
         negative = None
         if self.spec.guided and negative_prompt is not None:
-            negatives = [negative_prompt] * len(prompts) if isinstance(negative_prompt, str) else negative_prompt
+            negatives = [negative_prompt] * len(prompts) if isinstance(negative_prompt, str) else list(negative_prompt)
             negative = encode(negatives)
-        return Conditioning(encode(prompts), negative)
+        return Conditioning(encode(list(prompts)), negative)
 
     # -- schedule -----------------------------------------------------------------------------
 
