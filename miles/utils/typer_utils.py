@@ -186,7 +186,10 @@ def _convert_or_fail(raw: Any, spec: OptionSpec, source: str) -> Any:
 
 
 def print_options_table(args: Any, title: str | None = None) -> None:
-    """Print the resolved options as a table, so a log records what the script ran with."""
+    """Print the resolved options as a table, so a log records what the script ran with.
+
+    A field's `metadata["display"]` (value -> str) replaces the plain rendering, e.g. to redact.
+    """
     from rich.console import Console
     from rich.table import Table
 
@@ -194,8 +197,9 @@ def print_options_table(args: Any, title: str | None = None) -> None:
     table.add_column("option")
     table.add_column("value", overflow="fold")
     table.add_column("environment variable", style="dim")
+    shown_as = {f.name: f.metadata.get("display", _display) for f in dataclasses.fields(args)}
     for spec in option_specs(type(args)):
-        table.add_row(spec.option, _display(getattr(args, spec.field_name)), spec.env_var)
+        table.add_row(spec.option, shown_as[spec.field_name](getattr(args, spec.field_name)), spec.env_var)
     Console(soft_wrap=False, width=max(120, _terminal_width())).print(table)
 
 

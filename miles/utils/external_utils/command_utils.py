@@ -26,6 +26,7 @@ from typing import Any
 from miles.utils.external_utils.env_vars import (
     ExtraEnvVarsError,
     build_job_env_vars,
+    is_secret_name,
     master_addr,
     parse_extra_env_vars,
     redact_env,
@@ -67,6 +68,15 @@ def _default_num_nodes() -> int:
     return int(os.environ.get("SLURM_JOB_NUM_NODES") or 1)
 
 
+def _redacted_extra_env_vars(text: str) -> str:
+    """--extra-env-vars as the options table shows it: secret values hidden."""
+    try:
+        env = parse_extra_env_vars(text)
+    except ExtraEnvVarsError:
+        return "<not parsed: see the error below>"
+    return shlex.join(f"{k}={v}" for k, v in redact_env(env).items()) or "''"
+
+
 @dataclass
 class ExecuteTrainConfig:
     """Options every recipe shares; a recipe's ScriptArgs inherits them."""
@@ -85,7 +95,8 @@ class ExecuteTrainConfig:
     )
     extra_env_vars: str = field(
         default="",
-        metadata={"help": "Extra env vars for the job: 'K=V K2=V2' or a JSON object."},
+        metadata={"help": "Extra env vars for the job: 'K=V K2=V2' or a JSON object.",
+                  "display": _redacted_extra_env_vars},
     )
     extra_args: str = field(
         default="",
@@ -128,6 +139,7 @@ class _Launch:
     job: JobRequest
     node: RayNodeSpec | None  # None with an external cluster
     token: str
+    node_secrets: dict[str, str]
 
 
 def execute_train(
@@ -180,10 +192,14 @@ def _plan_launch(
     argv = assemble_argv(run_dir, train_args, config.extra_args)
     token = new_token()
     node = None if external else _head_spec(token, num_gpus_per_node, dry, ray_head_port)
+    # Ray's runtime-env agent writes the runtime env, values included, to its log file. On a head
+    # of our own, secrets therefore reach the job through the raylet's inherited environment
+    # instead; an external cluster leaves the runtime env as the only way in.
+    node_secrets = {} if external else {k: v for k, v in env_vars.items() if is_secret_name(k)}
     job = JobRequest(
         address=external_job_server() if external else node.job_server_url,
         entrypoint=shlex.join(["python3", str(_resolve_train_script(train_script)), *argv]),
-        env_vars=env_vars,
+        env_vars={k: v for k, v in env_vars.items() if k not in node_secrets},
         submission_id=f"miles-{config.run_id}-{token[:6]}",
     )
     commands = ([] if node is None else [ray_start_command(node, config.cuda_visible_devices)]) + [job.display_command()]
@@ -195,7 +211,7 @@ def _plan_launch(
         external_ray=external, dry_run=dry,
         ray=({"job_server": job.address} if node is None else node.plan_entry()), commands=commands,
     )
-    return _Launch(plan, job, node, token)
+    return _Launch(plan, job, node, token, node_secrets)
 
 
 def _refuse_external_with_devices(external: bool, cuda_visible_devices: str) -> None:
@@ -247,7 +263,7 @@ def _run_launch(
             if launch.node is not None:
                 end_recorded_run(config.output_dir, HEAD_ROLE)
                 record = LaunchRecord(HEAD_ROLE, launch.token, ray_temp_dir=launch.node.temp_dir)
-                start_node(launch.node, record, config.output_dir, config.cuda_visible_devices)
+                start_node(launch.node, record, config.output_dir, config.cuda_visible_devices, launch.node_secrets)
             if config.num_nodes > 1:
                 wait_for_cluster_resources(
                     launch.job.address, num_nodes=config.num_nodes,

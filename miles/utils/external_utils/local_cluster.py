@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from miles.utils.external_utils.launch_mode import is_dry_run
@@ -47,11 +48,20 @@ def end_recorded_run(output_dir: str | Path, role: str) -> list[int]:
     return ended
 
 
-def start_node(spec: RayNodeSpec, record: LaunchRecord, output_dir: str | Path, cuda_visible_devices: str | None) -> None:
-    """`ray start` with the record's token in its environment; records the process groups."""
+def start_node(
+    spec: RayNodeSpec,
+    record: LaunchRecord,
+    output_dir: str | Path,
+    cuda_visible_devices: str | None,
+    inherited_env: Mapping[str, str] | None = None,
+) -> None:
+    """`ray start` with the record's token in its environment; records the process groups.
+
+    `inherited_env` reaches every worker and job on this node through the raylet's environment.
+    """
     raise_open_files_limit()
     record.save(output_dir)  # before starting: a crash mid-start must still be cleanable
-    env = ray_start_env(environ_with_token(record.token), cuda_visible_devices)
+    env = ray_start_env(environ_with_token(record.token, **(inherited_env or {})), cuda_visible_devices)
     exec_command(ray_start_command(spec, cuda_visible_devices), env=env, dry_run=False)
     record.pgids = pgids_of(pids_with_token(record.token))
     record.save(output_dir)

@@ -170,3 +170,10 @@ def test_worker_dry_run_prints_the_join_command_and_records_nothing(sandbox):
     assert result.returncode == 0, result.stderr
     assert "EXEC: ray start --address=127.0.0.1:6399 --node-ip-address=127.0.0.1" in result.stdout
     assert list(sandbox["out"].iterdir()) == []
+
+
+def test_secret_extra_env_vars_are_redacted_in_the_table_commands_and_plan(sandbox):
+    result = _dry(sandbox, "--extra-env-vars", f"HF_TOKEN={SECRET} FOO=bar")
+    assert result.returncode == 0, result.stderr
+    assert SECRET not in result.stdout + result.stderr + (sandbox["out"] / "run1" / "plan.json").read_text()
+    assert _plan(sandbox)["runtime_env"]["env_vars"]["FOO"] == "bar"

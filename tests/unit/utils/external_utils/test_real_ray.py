@@ -102,8 +102,12 @@ def test_successful_job_exits_0_key_reaches_job_and_cluster_is_ended(tmp_path, t
         log = log_path.read_text()
         assert "wandb key reached the job: True" in log
         assert "--diffusion-kl-beta 0.02" in log.split("TINY TRAIN argv:")[1].splitlines()[0]
+        record = LaunchRecord.load(out, HEAD_ROLE)
         assert SECRET not in log
         assert not [p for p in out.rglob("*") if p.is_file() and SECRET in p.read_text()]
-        assert pids_with_token(LaunchRecord.load(out, HEAD_ROLE).token) == []
+        # Ray's own logs (its runtime-env agent logs runtime envs with their values) stay clean too
+        ray_files = [p for p in Path(record.ray_temp_dir).rglob("*") if p.is_file() and not p.is_symlink()]
+        assert ray_files and not [p for p in ray_files if SECRET.encode() in p.read_bytes()]
+        assert pids_with_token(record.token) == []
     finally:
         _end_everything([train], _tokens((out, HEAD_ROLE)))
