@@ -1,5 +1,6 @@
-"""The launcher recipes use as `U`: script options, and `execute_train`, which starts a Ray
-cluster of its own and submits `train_diffusion.py` to it as a Ray job.
+"""The launcher recipes use as `U`: script options (`dataclass_cli`, `ExecuteTrainConfig`) and
+`execute_train`, which starts a Ray cluster of its own and submits `train_diffusion.py` to it as
+a Ray job. The pieces live in sibling modules; this one gathers what recipes call.
 
     import miles.utils.external_utils.command_utils as U
 
@@ -9,43 +10,18 @@ must stay fast and side-effect free. See docs/launch-scripts.md.
 
 from __future__ import annotations
 
-import inspect
 import os
-import secrets
 import shlex
-import signal
-import sys
-import threading
-import time
-from collections.abc import Callable, Iterable, Mapping
-from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from miles.utils.external_utils.env_vars import (
-    ExtraEnvVarsError,
-    build_job_env_vars,
-    is_secret_name,
-    master_addr,
-    parse_extra_env_vars,
-    redact_env,
-)
-from miles.utils.external_utils.flags import LockedFlagError, assemble_argv, check_locked_flags, locked_flag_values
-from miles.utils.external_utils.job_submit import INTERRUPTED_EXIT_CODE, JobRequest, submit_and_follow
-from miles.utils.external_utils.launch_mode import external_job_server, is_dry_run, is_external_ray
-from miles.utils.external_utils.local_cluster import HEAD_ROLE, end_recorded_run, start_node, start_ray_worker, stop_node
+from miles.utils.external_utils.config import REPO_ROOT, ExecuteTrainConfig, create_run_id
+from miles.utils.external_utils.launch_mode import is_dry_run, is_external_ray
+from miles.utils.external_utils.local_cluster import start_ray_worker
 from miles.utils.external_utils.pipeline import pipeline_state_dir, run_pipeline, select_recipe
-from miles.utils.external_utils.plan import LaunchPlan, read_plan
-from miles.utils.external_utils.processes import LaunchRecord, exec_command, new_token, print_exec
-from miles.utils.external_utils.ray_cluster import (
-    RayNodeSpec,
-    RayPorts,
-    cpu_job_num_cpus,
-    ray_start_command,
-    ray_temp_dir_for,
-    wait_for_cluster_resources,
-)
+from miles.utils.external_utils.plan import read_plan
+from miles.utils.external_utils.processes import exec_command
+from miles.utils.external_utils.ray_cluster import wait_for_cluster_resources
+from miles.utils.external_utils.train_launch import ClusterInfo, LaunchError, execute_train
 from miles.utils.typer_utils import dataclass_cli, dataclass_cli_app, print_options_table
 
 __all__ = [
@@ -55,75 +31,10 @@ __all__ = [
     "select_recipe", "start_ray_worker", "wait_for_cluster_resources",
 ]
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
-DEFAULT_TRAIN_SCRIPT = "train_diffusion.py"
-
-
-def create_run_id() -> str:
-    """`20261129-081254-3fa9c1`: sortable by start time, unique across concurrent launches."""
-    return f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
-
-
-def _default_num_nodes() -> int:
-    return int(os.environ.get("SLURM_JOB_NUM_NODES") or 1)
-
-
-def _redacted_extra_env_vars(text: str) -> str:
-    """--extra-env-vars as the options table shows it: secret values hidden."""
-    try:
-        env = parse_extra_env_vars(text)
-    except ExtraEnvVarsError:
-        return "<not parsed: see the error below>"
-    return shlex.join(f"{k}={v}" for k, v in redact_env(env).items()) or "''"
-
-
-@dataclass
-class ExecuteTrainConfig:
-    """Options every recipe shares; a recipe's ScriptArgs inherits them."""
-
-    num_nodes: int = field(
-        default_factory=_default_num_nodes,
-        metadata={"help": "Nodes the job spans (default: $SLURM_JOB_NUM_NODES or 1)."},
-    )
-    cuda_visible_devices: str = field(
-        default="",
-        metadata={"help": "Physical GPUs for the local Ray head, e.g. 0,1 (empty: inherit CUDA_VISIBLE_DEVICES)."},
-    )
-    output_dir: str = field(
-        default=str(REPO_ROOT / "logs"),
-        metadata={"help": "Run directories (<output-dir>/<run-id>) and the launcher's records go here."},
-    )
-    extra_env_vars: str = field(
-        default="",
-        metadata={"help": "Extra env vars for the job: 'K=V K2=V2' or a JSON object.",
-                  "display": _redacted_extra_env_vars},
-    )
-    extra_args: str = field(
-        default="",
-        metadata={"help": "train_diffusion.py flags appended last, so they override the recipe's."},
-    )
-    run_id: str = field(
-        default_factory=create_run_id,
-        metadata={"help": "Names the run directory; naming an earlier run id reuses its directory."},
-    )
-
-
-@dataclass(frozen=True)
-class ClusterInfo:
-    """What a before_ray_job_submit hook is told about the cluster the job is about to go to."""
-
-    job_server_url: str
-    gcs_address: str | None  # None for an external cluster
-    run_dir: str
-
-
-class LaunchError(RuntimeError):
-    """A launch refused before anything started; the message says why and how to fix it."""
-
 
 def get_default_wandb_args(recipe: str, run_id: str | None = None, *, project: str = "miles-diffusion") -> str:
-    """wandb flags for train_diffusion.py, only when WANDB_API_KEY is set. Never the key: the
-    trainer reads it from its environment, where the runtime env puts it."""
+    """wandb flags for train_diffusion.py, only when WANDB_API_KEY is set. Never the key itself:
+    the trainer reads it from its environment, where the launcher puts it."""
     if not os.environ.get("WANDB_API_KEY"):
         return ""
     group = Path(recipe).stem
@@ -131,171 +42,3 @@ def get_default_wandb_args(recipe: str, run_id: str | None = None, *, project: s
     if run_id:
         words += ["--wandb-run-name", f"{group}-{run_id}"]
     return shlex.join(words)
-
-
-@dataclass
-class _Launch:
-    plan: LaunchPlan
-    job: JobRequest
-    node: RayNodeSpec | None  # None with an external cluster
-    token: str
-    node_secrets: dict[str, str]
-
-
-def execute_train(
-    train_args: str,
-    num_gpus_per_node: int,
-    config: ExecuteTrainConfig,
-    *,
-    locked_flags: Iterable[str] | Mapping[str, str] | None = (),
-    before_ray_job_submit: Callable[..., Any] | None = None,
-    train_script: str = DEFAULT_TRAIN_SCRIPT,
-    ray_head_port: int | None = None,
-    cluster_wait_timeout: float = 1800.0,
-) -> None:
-    """Run `python3 <train_script> --run-dir <output_dir>/<run_id> <train_args> <extra_args>` as a
-    Ray job on a fresh cluster of our own (or the external one), and exit with its status.
-
-    num_gpus_per_node=0 is a CPU job. With num_nodes > 1 the job is submitted only once the
-    cluster holds num_nodes nodes (and their GPUs): run `start_ray_worker` on the other nodes,
-    pointing at this head (`ray_head_port` fixes its GCS port so they can find it).
-    `before_ray_job_submit(cluster_info)` runs right before submitting (not in a dry run).
-    """
-    try:
-        launch = _plan_launch(train_args, num_gpus_per_node, config, locked_flags, train_script, ray_head_port)
-    except (LaunchError, LockedFlagError, ExtraEnvVarsError) as err:
-        print(f"error: {err}", file=sys.stderr, flush=True)
-        raise SystemExit(2) from None
-    launch.plan.write()
-    if launch.plan.dry_run:
-        _show_dry_run(launch, before_ray_job_submit)
-        return
-    status = _run_launch(launch, config, before_ray_job_submit, cluster_wait_timeout)
-    if status != 0:
-        raise SystemExit(status)
-
-
-def _plan_launch(
-    train_args: str,
-    num_gpus_per_node: int,
-    config: ExecuteTrainConfig,
-    locked_flags: Iterable[str] | Mapping[str, str] | None,
-    train_script: str,
-    ray_head_port: int | None,
-) -> _Launch:
-    dry, external = is_dry_run(), is_external_ray()
-    _refuse_external_with_devices(external, config.cuda_visible_devices)
-    locked = locked_flag_values(train_args, locked_flags)
-    check_locked_flags(config.extra_args, locked)
-    env_vars = build_job_env_vars(REPO_ROOT, parse_extra_env_vars(config.extra_env_vars))
-    run_dir = str(Path(config.output_dir).resolve() / config.run_id)
-    argv = assemble_argv(run_dir, train_args, config.extra_args)
-    token = new_token()
-    node = None if external else _head_spec(token, num_gpus_per_node, dry, ray_head_port)
-    # Ray's runtime-env agent writes the runtime env, values included, to its log file. On a head
-    # of our own, secrets therefore reach the job through the raylet's inherited environment
-    # instead; an external cluster leaves the runtime env as the only way in.
-    node_secrets = {} if external else {k: v for k, v in env_vars.items() if is_secret_name(k)}
-    job = JobRequest(
-        address=external_job_server() if external else node.job_server_url,
-        entrypoint=shlex.join(["python3", str(_resolve_train_script(train_script)), *argv]),
-        env_vars={k: v for k, v in env_vars.items() if k not in node_secrets},
-        submission_id=f"miles-{config.run_id}-{token[:6]}",
-    )
-    commands = ([] if node is None else [ray_start_command(node, config.cuda_visible_devices)]) + [job.display_command()]
-    plan = LaunchPlan(
-        recipe=_recipe_name(), run_id=config.run_id, run_dir=run_dir, train_script=train_script, argv=argv,
-        locked_flags=locked, runtime_env={"env_vars": redact_env(env_vars)}, num_nodes=config.num_nodes,
-        num_gpus_per_node=num_gpus_per_node,
-        cuda_visible_devices=config.cuda_visible_devices or os.environ.get("CUDA_VISIBLE_DEVICES"),
-        external_ray=external, dry_run=dry,
-        ray=({"job_server": job.address} if node is None else node.plan_entry()), commands=commands,
-    )
-    return _Launch(plan, job, node, token, node_secrets)
-
-
-def _refuse_external_with_devices(external: bool, cuda_visible_devices: str) -> None:
-    if external and cuda_visible_devices:
-        raise LaunchError(
-            f"--cuda-visible-devices {cuda_visible_devices} is refused with MILES_SCRIPT_EXTERNAL_RAY=1: an "
-            "external cluster already fixed its GPUs when each `ray start` ran. Export CUDA_VISIBLE_DEVICES "
-            "before `ray start` on each node instead, and leave --cuda-visible-devices empty."
-        )
-
-
-def _head_spec(token: str, num_gpus_per_node: int, dry: bool, ray_head_port: int | None) -> RayNodeSpec:
-    host = master_addr()
-    # a dry run reserves nothing: ports show as 0, meaning "picked free when the head starts"
-    ports = RayPorts(gcs_port=ray_head_port or 0) if dry else RayPorts.allocate(host, gcs_port=ray_head_port)
-    return RayNodeSpec(host, ports, ray_temp_dir_for(token), num_gpus_per_node, cpu_job_num_cpus(num_gpus_per_node))
-
-
-def _resolve_train_script(train_script: str) -> Path:
-    path = Path(train_script)
-    return path if path.is_absolute() else REPO_ROOT / path
-
-
-def _recipe_name() -> str:
-    script = Path(sys.argv[0]).resolve()
-    try:
-        return str(script.relative_to(REPO_ROOT))
-    except ValueError:
-        return str(script)
-
-
-def _show_dry_run(launch: _Launch, hook: Callable[..., Any] | None) -> None:
-    print("dry run (MILES_SCRIPT_ENABLE_RAY_SUBMIT=0): nothing below is executed", flush=True)
-    if launch.node is not None:
-        print("cleanup: would end what an earlier run with this --output-dir recorded", flush=True)
-    for command in launch.plan.commands:
-        print_exec(command)
-    if hook is not None:
-        print(f"before_ray_job_submit: would call {getattr(hook, '__name__', hook)!s} before submitting")
-    print(f"plan: {Path(launch.plan.run_dir) / 'plan.json'}", flush=True)
-
-
-def _run_launch(
-    launch: _Launch, config: ExecuteTrainConfig, hook: Callable[..., Any] | None, cluster_wait_timeout: float
-) -> int:
-    record = None
-    try:
-        with _sigterm_as_interrupt():
-            if launch.node is not None:
-                end_recorded_run(config.output_dir, HEAD_ROLE)
-                record = LaunchRecord(HEAD_ROLE, launch.token, ray_temp_dir=launch.node.temp_dir)
-                start_node(launch.node, record, config.output_dir, config.cuda_visible_devices, launch.node_secrets)
-            if config.num_nodes > 1:
-                wait_for_cluster_resources(
-                    launch.job.address, num_nodes=config.num_nodes,
-                    num_gpus=launch.plan.num_gpus_per_node * config.num_nodes, timeout=cluster_wait_timeout,
-                )
-            if hook is not None:
-                _call_hook(hook, ClusterInfo(launch.job.address, launch.node and launch.node.gcs_address,
-                                             launch.plan.run_dir))
-            print_exec(launch.job.display_command())
-            return submit_and_follow(launch.job)
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr, flush=True)
-        return INTERRUPTED_EXIT_CODE
-    finally:
-        if record is not None:
-            stop_node(record)
-
-
-def _call_hook(hook: Callable[..., Any], cluster: ClusterInfo) -> None:
-    """Hooks take the ClusterInfo; one written without parameters is called without it."""
-    takes_argument = bool(inspect.signature(hook).parameters)
-    hook(cluster) if takes_argument else hook()
-
-
-@contextmanager
-def _sigterm_as_interrupt():
-    """A harness ends us with SIGTERM on timeout; treat it like Ctrl-C so the cluster is ended."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)

@@ -35,7 +35,9 @@ def flag_values(argv: list[str]) -> dict[str, str]:
     return values
 
 
-def locked_flag_values(train_args: str, locked_flags: Iterable[str] | Mapping[str, str] | None) -> dict[str, str | None]:
+def locked_flag_values(
+    train_args: str, locked_flags: Iterable[str] | Mapping[str, str] | None
+) -> dict[str, str | None]:
     """The recipe's value of each locked flag (None when the recipe leaves it at its default)."""
     if not locked_flags:
         return {}

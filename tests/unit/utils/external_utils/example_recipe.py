@@ -46,7 +46,9 @@ class ScriptArgs(U.ExecuteTrainConfig):
 @dataclass
 class WorkerArgs:
     head_address: str = field(metadata={"help": "host:port of the head's GCS."})
-    output_dir: str = field(default=str(U.REPO_ROOT / "logs"), metadata={"help": "Where the worker records what it starts."})
+    output_dir: str = field(
+        default=str(U.REPO_ROOT / "logs"), metadata={"help": "Where the worker records what it starts."}
+    )
     num_gpus: int = field(default=0, metadata={"help": "GPUs this node offers."})
     num_cpus: int = field(default=1, metadata={"help": "CPUs this node offers."})
 
@@ -97,7 +99,7 @@ def train(args: ScriptArgs) -> None:
 
 def full_train(args: ScriptArgs) -> None:
     """prepare-data, prepare-checkpoint and train; a re-run skips the steps already done."""
-    steps = dict(zip(_STEPS, (prepare_data, prepare_checkpoint, train)))
+    steps = dict(zip(_STEPS, (prepare_data, prepare_checkpoint, train), strict=True))
     U.run_pipeline([(name, lambda fn=fn: fn(args)) for name, fn in steps.items()],
                    U.pipeline_state_dir(args.output_dir))
 

@@ -164,7 +164,8 @@ def test_help_lists_every_option_with_its_help(sandbox):
 def test_worker_dry_run_prints_the_join_command_and_records_nothing(sandbox):
     environ = {**os.environ, "MILES_SCRIPT_ENABLE_RAY_SUBMIT": "0"}
     result = subprocess.run(
-        [sys.executable, str(RECIPE), "worker", "--head-address", "127.0.0.1:6399", "--output-dir", str(sandbox["out"])],
+        [sys.executable, str(RECIPE), "worker", "--head-address", "127.0.0.1:6399",
+         "--output-dir", str(sandbox["out"])],
         capture_output=True, text=True, env=environ, timeout=60,
     )
     assert result.returncode == 0, result.stderr
