@@ -80,9 +80,10 @@ def execute_train(
     Ray job on a fresh cluster of our own (or the external one), and exit with its status.
 
     num_gpus_per_node=0 is a CPU job. With num_nodes > 1 the job is submitted only once the
-    cluster holds num_nodes nodes (and their GPUs): run `start_ray_worker` on the other nodes,
-    pointing at this head (`ray_head_port` fixes its GCS port so they can find it).
-    `before_ray_job_submit(cluster_info)` runs right before submitting (not in a dry run).
+    cluster holds num_nodes nodes: run `start_ray_worker` on the other nodes, pointing at this
+    head (`ray_head_port` fixes its GCS port so they can find it).
+    `before_ray_job_submit(cluster_info)` runs right before submitting (not in a dry run), e.g. to
+    wait for a GPU total with `wait_for_cluster_resources`.
     """
     try:
         launch = _plan_launch(train_args, num_gpus_per_node, config, locked_flags, train_script, ray_head_port)
@@ -189,10 +190,10 @@ def _run_launch(
                 record = LaunchRecord(HEAD_ROLE, launch.token, ray_temp_dir=launch.node.temp_dir)
                 start_node(launch.node, record, config.output_dir, config.cuda_visible_devices, launch.node_secrets)
             if config.num_nodes > 1:
-                wait_for_cluster_resources(
-                    launch.job.address, num_nodes=config.num_nodes,
-                    num_gpus=launch.plan.num_gpus_per_node * config.num_nodes, timeout=cluster_wait_timeout,
-                )
+                # nodes only: a node registers with all its GPUs at once, and GPU counts may differ
+                # per node (a reward node); a recipe needing a GPU total waits for it in its hook
+                wait_for_cluster_resources(launch.job.address, num_nodes=config.num_nodes,
+                                           timeout=cluster_wait_timeout)
             if hook is not None:
                 _call_hook(hook, ClusterInfo(launch.job.address, launch.node and launch.node.gcs_address,
                                              launch.plan.run_dir))
