@@ -115,18 +115,37 @@ def unrecognized_message(extras: Sequence[str], known_flags: Sequence[str]) -> s
     return f"unrecognized arguments: {' '.join(described)}"
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows a default only when there is one: "unset" is spelled out in the help where it matters."""
+
+    def _get_help_string(self, action):
+        if action.default is None or "%(default)" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
+def _short_numeric_metavars(parser: argparse.ArgumentParser) -> None:
+    for action in parser._actions:
+        if action.metavar is None and action.type in (positive_int, non_negative_int, any_int):
+            action.metavar = "N"
+        elif action.metavar is None and action.type in (any_float, positive_float, non_negative_float,
+                                                         unit_interval):
+            action.metavar = "X"
+
+
 def build_parser() -> SuggestingArgumentParser:
     parser = SuggestingArgumentParser(
         prog="train_diffusion.py",
         usage="%(prog)s --hf-checkpoint DIR [flags]   (every flag: --help)",
         description="RL post-training of diffusion models (Flow-GRPO, DiffusionNFT, SFT) on Ray. "
         "Validation runs on every parse; --validate-only prints the batch plan and exits.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
         allow_abbrev=False,  # a recipe's mistyped flag must fail, not silently match a prefix
     )
     for add_group in (_cluster, _batch, _sampling, _model, _algorithm, _optimizer, _lora, _reward,
                       _data, _eval, _checkpoint, _debug, _determinism, _logging, _config):
         add_group(parser)
+    _short_numeric_metavars(parser)
     return parser
 
 
@@ -135,7 +154,10 @@ def _switch(group, flag: str, help: str) -> None:
 
 
 def _cluster(parser) -> None:
-    g = parser.add_argument_group("cluster", "where training, rollout and reward run")
+    g = parser.add_argument_group(
+        "cluster", "where training, rollout and reward run. Rule: train GPUs (actor nodes x GPUs per node) "
+        "+ rollout GPUs unless --colocate + reward GPUs (workers x GPUs per worker, rounded up; 0 with "
+        "--colocate-reward) <= num_nodes x num_gpus_per_node")
     g.add_argument("--actor-num-nodes", type=positive_int, default=1, help="nodes of train ranks")
     g.add_argument("--actor-num-gpus-per-node", type=positive_int, default=1,
                    help="train ranks per node (GPUs; CPU train ranks with --device cpu)")
@@ -331,7 +353,8 @@ def _logging(parser) -> None:
 def _config(parser) -> None:
     g = parser.add_argument_group("config")
     g.add_argument("--custom-config-path", default=None,
-                   help="YAML mapping of flag -> value (dest or flag form); overrides the command line")
+                   help="YAML mapping of flag -> value (dest or flag form); overrides the command line, "
+                   "warning per key; an unknown key is an error")
     _switch(g, "--validate-only", "parse and validate, print the batch plan, exit (no torch, no Ray)")
 
 
