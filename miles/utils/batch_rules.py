@@ -61,8 +61,12 @@ def _samples_text(ns: Namespace) -> str:
             f"x --n-samples-per-prompt {ns.n_samples_per_prompt})")
 
 
-def derive_batch_sizes(ns: Namespace) -> tuple[int, int]:
-    """(global_batch_size, num_steps_per_rollout): the unset one derived from the other."""
+def derive_batch_sizes(ns: Namespace) -> tuple[float, int]:
+    """(global_batch_size, num_steps_per_rollout): the unset one derived from the other.
+
+    Given only the step count, the global batch may come out fractional; that is refused later, in
+    `_check_global_batch`, so that the pair shard rule reports first with its documented message.
+    """
     samples = samples_per_rollout(ns)
     gbs, steps = ns.global_batch_size, ns.num_steps_per_rollout
     if gbs is not None and steps is not None:
@@ -284,15 +288,14 @@ def _mixed_step_choice(ns: Namespace, positions: frozenset, boundary: int) -> tu
 
 
 def _mixed_any_subset(ns: Namespace, positions: frozenset, boundary: int) -> tuple[int, ...] | None:
-    """Random or custom strategies: any ascending choice of k of the N steps may come up.
+    """Random or custom strategies: assume any k of the N steps may come up.
 
-    The earliest position sits before the boundary if enough steps lie before it, and the latest
-    after it if enough steps lie after it; for a custom strategy, whose order is unknown, any two
-    positions may straddle it.
+    The rollout sorts whatever a strategy returns, so position p holds the p-th smallest chosen
+    step. The earliest position can sit before the boundary when at least first + 1 steps lie
+    before it, and the latest after it when at least k - last steps lie from it on.
     """
     k, steps = num_trained_steps(ns), ns.diffusion_num_steps
     first, last = min(positions), max(positions)
-    ascending = ns.diffusion_step_strategy_path == "epoch_global_random_choice"
-    if ascending and not (first < boundary and k - last <= steps - boundary):
-        return None
-    return (boundary - 1, boundary)
+    if first < boundary and k - last <= steps - boundary:
+        return (boundary - 1, boundary)
+    return None

@@ -199,7 +199,8 @@ def wan_knobs(draw) -> Knobs:
     """Mostly consistent batches, so the phase rule is what decides; short windows that slide
     across the boundary, and random choices of nearly every step, are where the rule is subtle."""
     num_steps = draw(st.integers(2, 8))
-    strategy = draw(st.sampled_from(["sde_window", "epoch_global_random_choice"]))
+    # a custom strategy may return any steps; the rollout sorts them, so it is checked as any choice
+    strategy = draw(st.sampled_from(["sde_window", "epoch_global_random_choice", "my_pkg.strategies:pick"]))
     if strategy == "sde_window":
         sde_steps = draw(st.one_of(st.integers(1, min(3, num_steps)), st.integers(1, num_steps)))
     else:
