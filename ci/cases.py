@@ -85,8 +85,11 @@ class Selection:
     suite: str | None = None
     tiers: Iterable[str] = field(default_factory=tuple)
     labels: Iterable[str] = field(default_factory=tuple)
+    names: Iterable[str] = field(default_factory=tuple)
 
     def matches(self, case: Case) -> bool:
+        if self.names and case.name not in set(self.names):
+            return False
         if self.suite and case.suites is not None and self.suite not in case.suites:
             return False
         if self.tiers and case.tier not in set(self.tiers):

@@ -40,6 +40,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="keep only these tiers (repeatable)")
     p.add_argument("--label", action="append", default=[],
                    help="keep only cases carrying this label (repeatable; all must match)")
+    p.add_argument("--case", action="append", default=[], dest="cases",
+                   help="keep only the case of this name (repeatable), e.g. to rerun one")
     p.add_argument("--suite-json", type=Path,
                    help='take cases from this file ([{"name", "gpus", "est_time", ...}]) '
                         "instead of collecting them from the harness")
@@ -94,7 +96,7 @@ def gather_cases(args: argparse.Namespace) -> list[Case]:
         cases = load_cases(args.suite_json)
     else:
         cases = collect_cases(args.tests, args.workdir)
-    return select(cases, Selection(args.suite, args.tier, args.label))
+    return select(cases, Selection(args.suite, args.tier, args.label, args.cases))
 
 
 def plan_text(plan: Plan, labels: list[str]) -> str:

@@ -130,16 +130,46 @@ def simulate(order: Sequence[Job], pool: Sequence[int], cpu_slots: int) -> list[
     return slots
 
 
+def _score(order: Sequence[Job], num_gpus: int, cpu_slots: int) -> tuple[float, float]:
+    """(makespan, GPU-weighted sum of end times) of the dispatch rule, counting GPUs only.
+
+    Which GPUs a job gets never changes when it starts (any free ones will do), so the search
+    can simulate with counts; `simulate` then assigns the actual ids once. The second term
+    breaks the many ties of makespan: finishing GPU-seconds earlier leaves a tail that later
+    moves can shorten.
+    """
+    waiting = list(order)
+    free_gpus, free_cpu = num_gpus, cpu_slots
+    running: list[tuple[float, int]] = []
+    now = span = weighted = 0.0
+    while True:
+        still_waiting = []
+        for job in waiting:
+            if job.gpus == 0 and free_cpu > 0:
+                free_cpu -= 1
+            elif 0 < job.gpus <= free_gpus:
+                free_gpus -= job.gpus
+            else:
+                still_waiting.append(job)
+                continue
+            end = now + job.est_time
+            heapq.heappush(running, (end, job.gpus))
+            span = max(span, end)
+            weighted += end * max(job.gpus, 1)
+        waiting = still_waiting
+        if not running:
+            return span, weighted
+        now = running[0][0]
+        while running and running[0][0] == now:
+            _, gpus = heapq.heappop(running)
+            if gpus:
+                free_gpus += gpus
+            else:
+                free_cpu += 1
+
+
 def _makespan(order: Sequence[Job], pool: Sequence[int], cpu_slots: int) -> float:
-    return max((s.end for s in simulate(order, pool, cpu_slots)), default=0.0)
-
-
-def _score(order: Sequence[Job], pool: Sequence[int], cpu_slots: int) -> tuple[float, float]:
-    # Makespan alone is flat under most moves; finishing GPU-seconds earlier breaks the ties
-    # and steers the search towards schedules whose tail is easier to shorten.
-    slots = simulate(order, pool, cpu_slots)
-    span = max((s.end for s in slots), default=0.0)
-    return span, sum(s.end * max(len(s.gpus), 1) for s in slots)
+    return _score(order, len(pool), cpu_slots)[0]
 
 
 def _seed_orders(jobs: list[Job], num_gpus: int) -> list[list[Job]]:
@@ -167,13 +197,13 @@ def improve(order: list[Job], pool: Sequence[int], cpu_slots: int, *, iterations
             target: float, seed: int) -> tuple[list[Job], float]:
     """Local search over priority lists, moving a job or swapping two; accepts non-worse."""
     rng = random.Random(seed)
-    best, best_score = order, _score(order, pool, cpu_slots)
+    best, best_score = order, _score(order, len(pool), cpu_slots)
     current, current_score = best, best_score
     for _ in range(iterations):
         if best_score[0] <= target or len(order) < 2:
             break
         candidate = _neighbour(current, rng)
-        score = _score(candidate, pool, cpu_slots)
+        score = _score(candidate, len(pool), cpu_slots)
         if score <= current_score:
             current, current_score = candidate, score
             if score < best_score:

@@ -32,6 +32,7 @@ def test_suite_tier_and_label_filters_narrow_the_selection(cases):
     assert names(select(cases, Selection(None, ["cpu"]))) == ["sd3_cpu"]
     assert names(select(cases, Selection("nightly", ["gpu"], ["image"]))) == ["sd3_gpu"]
     assert names(select(cases, Selection("cpu", ["gpu"]))) == []
+    assert names(select(cases, Selection(None, names=["sd3_cpu", "x"]))) == ["sd3_cpu"]
 
 
 def test_harness_fields_are_kept(cases):

@@ -160,3 +160,16 @@ def test_runs_as_a_script_from_anywhere(tmp_path):
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert "makespan 10s" in proc.stdout
+
+
+def test_a_real_harness_dry_case_runs_through_the_runner(tmp_path, monkeypatch):
+    # the harness's own collection and result contract, on its cheapest case; whether the
+    # case itself passes is the harness's business, the reports must be whole either way
+    monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
+    name = "run_diffusion_grpo_tiny_cpu-dry"
+    code = run_suite.main(["--suite", "cpu", "--tier", "dry", "--case", name, "--workdir", str(REPO),
+                           "--out", str(tmp_path / "out")])
+    assert code in (0, 1)
+    assert junit_problems(tmp_path / "out" / "junit.xml") == []
+    summary = (tmp_path / "out" / "summary.md").read_text()
+    assert f"`{name}`" in summary and "## Suite `cpu`" in summary

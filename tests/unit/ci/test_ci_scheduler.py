@@ -116,3 +116,14 @@ def test_dispatcher_starts_the_next_case_as_soon_as_gpus_free():
     dispatcher.release("a")
     (job, gpus), = dispatcher.start_ready()
     assert job.name == "b" and len(gpus) == 4
+
+
+def test_search_scoring_agrees_with_the_dispatcher_the_runner_uses():
+    from ci.scheduler import _score
+
+    rng = random.Random(7)
+    jobs = synthetic_suite(3) + [Job(f"cpu{i}", 0, rng.randint(10, 300)) for i in range(6)]
+    for _ in range(50):
+        rng.shuffle(jobs)
+        slots = simulate(jobs, NODE, 2)
+        assert _score(jobs, 8, 2)[0] == max(s.end for s in slots)
