@@ -6,7 +6,6 @@ import logging
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -149,15 +148,6 @@ def test_parse_path_imports_neither_torch_nor_ray():
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
                          check=True).stdout
     assert "HEAVY [] CODE 0" in out
-
-
-def test_help_answers_quickly():
-    start = time.perf_counter()
-    result = subprocess.run([sys.executable, "train_diffusion.py", "--help"], cwd=REPO,
-                            capture_output=True, text=True)
-    elapsed = time.perf_counter() - start
-    assert result.returncode == 0 and "--custom-config-path" in result.stdout
-    assert elapsed < 2.0  # 0.14 s unloaded; the margin absorbs a busy shared CI machine
 
 
 # ---- --custom-config-path ----
