@@ -124,6 +124,8 @@ class DiffusionModel:
 
     def expert_for(self, sigma: float) -> str:
         """The transformer component that denoises at this sigma (Wan2.2: high- vs low-noise)."""
+        if isinstance(sigma, int) and not isinstance(sigma, bool):
+            raise TypeError(f"expert_for takes a sigma in [0, 1], got the int {sigma}; for a step use expert_for_step")
         index = expert_index_for_step([float(sigma)], 0, self.boundary_ratio)
         return self.spec.transformer_components[index]
 
