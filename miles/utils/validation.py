@@ -12,6 +12,7 @@ The GPU layout rule (GPUs are CPU worker slots with --device cpu):
 from __future__ import annotations
 
 import math
+import time
 from argparse import Namespace
 from dataclasses import dataclass
 
@@ -27,7 +28,12 @@ DEFAULT_LORA_RANK = 32
 
 
 def validate_args(ns: Namespace) -> BatchPlan:
-    """Check every rule, fill in the derived values (the trainer reads them) and return the plan."""
+    """Check every rule, fill in the derived values (the trainer reads them) and return the plan.
+
+    Derived values are written back (family, SDE type, shift, SDE steps, global batch size, steps
+    per rollout, rollout GPUs, nodes, microgroup size, target modules, KL reference, LoRA rank,
+    alpha and targets, start rollout id, run dir), so validating the result again is a no-op.
+    """
     family = family_of(ns)
     check_cross_flag_rules(ns, family)
     plan = compute_batch_plan(ns)
@@ -56,8 +62,6 @@ def fill_derived_values(ns: Namespace, family: FamilyFacts, plan: BatchPlan) -> 
     if ns.start_rollout_id is None and not ns.load:
         ns.start_rollout_id = 0
     if not ns.run_dir:
-        import time
-
         ns.run_dir = f"runs/{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
 
 
