@@ -78,6 +78,11 @@ def prepare_checkpoint(args: ScriptArgs) -> None:
         (_assets_dir(args) / "checkpoint.txt").write_text(f"{args.model_name}\n")
 
 
+def _announce(cluster: U.ClusterInfo) -> None:
+    """The before_ray_job_submit hook: runs once the cluster is up, right before submitting."""
+    print(f"before submit: job server {cluster.job_server_url}, run dir {cluster.run_dir}", flush=True)
+
+
 def train(args: ScriptArgs) -> None:
     """Assemble the flags and submit the job."""
     _maybe_fail(args, "train")
@@ -93,7 +98,7 @@ def train(args: ScriptArgs) -> None:
     )
     U.execute_train(
         train_args, args.num_gpus_per_node, args, locked_flags=LOCKED_FLAGS,
-        train_script=args.train_script, ray_head_port=args.ray_head_port or None,
+        train_script=args.train_script, ray_head_port=args.ray_head_port or None, before_ray_job_submit=_announce,
     )
 
 

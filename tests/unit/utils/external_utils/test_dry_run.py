@@ -178,3 +178,8 @@ def test_secret_extra_env_vars_are_redacted_in_the_table_commands_and_plan(sandb
     assert result.returncode == 0, result.stderr
     assert SECRET not in result.stdout + result.stderr + (sandbox["out"] / "run1" / "plan.json").read_text()
     assert _plan(sandbox)["runtime_env"]["env_vars"]["FOO"] == "bar"
+
+
+def test_dry_run_names_the_hook_without_calling_it(sandbox):
+    result = _dry(sandbox)
+    assert "would call _announce" in result.stdout and "before submit:" not in result.stdout

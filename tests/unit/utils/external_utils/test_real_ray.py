@@ -81,7 +81,9 @@ def test_train_role_waits_for_a_worker_node_and_a_failed_job_exits_non_zero(tmp_
 
         assert train.wait(timeout=300) == 3, train_log.read_text()[-3000:]
         log = train_log.read_text()
-        assert log.index("cluster ready: ClusterResources(num_nodes=2") < log.index("EXEC: ray job submit")
+        submitted_at = log.index("EXEC: ray job submit")
+        assert log.index("cluster ready: ClusterResources(num_nodes=2") < submitted_at
+        assert log.index("before submit: job server http://127.0.0.1:") < submitted_at
         assert "TINY TRAIN argv: --run-dir" in log and "FAILED" in log
 
         # the head is gone with the train role; the worker notices and leaves on its own
@@ -109,5 +111,21 @@ def test_successful_job_exits_0_key_reaches_job_and_cluster_is_ended(tmp_path, t
         ray_files = [p for p in Path(record.ray_temp_dir).rglob("*") if p.is_file() and not p.is_symlink()]
         assert ray_files and not [p for p in ray_files if SECRET.encode() in p.read_bytes()]
         assert pids_with_token(record.token) == []
+    finally:
+        _end_everything([train], _tokens((out, HEAD_ROLE)))
+
+
+@pytest.mark.timeout(300)
+def test_sigterm_during_the_job_stops_it_and_ends_the_cluster(tmp_path):
+    sleepy = tmp_path / "sleepy_train.py"
+    sleepy.write_text("import time\nprint('JOB STARTED', flush=True)\ntime.sleep(600)\n")
+    out, log_path = tmp_path / "out", tmp_path / "train.log"
+    train = _start(["train", "--output-dir", str(out), "--run-id", "r3", "--train-script", str(sleepy)], log_path)
+    try:
+        _wait_until(lambda: "JOB STARTED" in log_path.read_text(), 200, "job never started")
+        train.send_signal(signal.SIGTERM)
+        assert train.wait(timeout=90) == 130, log_path.read_text()[-3000:]
+        assert "stopping Ray job" in log_path.read_text()
+        assert pids_with_token(LaunchRecord.load(out, HEAD_ROLE).token) == []
     finally:
         _end_everything([train], _tokens((out, HEAD_ROLE)))
