@@ -21,12 +21,15 @@ INTERRUPTED_EXIT_CODE = 130
 class JobRequest:
     address: str  # the job server: http://host:port
     entrypoint: str
-    env_vars: Mapping[str, str]
+    env_vars: Mapping[str, str]  # the job's whole environment as the launcher sets it
     submission_id: str
+    # names that reach the job through the raylet's inherited environment instead of the
+    # runtime env (which Ray's runtime-env agent writes, values included, to its log)
+    inherited: frozenset[str] = frozenset()
 
     @property
     def runtime_env(self) -> dict:
-        return {"env_vars": dict(self.env_vars)}
+        return {"env_vars": {k: v for k, v in self.env_vars.items() if k not in self.inherited}}
 
     def display_command(self) -> str:
         """The equivalent `ray job submit` line, secrets redacted: what the log and plan show."""

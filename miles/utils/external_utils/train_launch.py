@@ -123,8 +123,9 @@ def _plan_launch(
     job = JobRequest(
         address=external_job_server() if external else node.job_server_url,
         entrypoint=shlex.join(["python3", str(_resolve_train_script(train_script)), *argv]),
-        env_vars={k: v for k, v in env_vars.items() if k not in node_secrets},
+        env_vars=env_vars,
         submission_id=f"miles-{config.run_id}-{token[:6]}",
+        inherited=frozenset(node_secrets),
     )
     start_head = [] if node is None else [ray_start_command(node, config.cuda_visible_devices)]
     commands = [*start_head, job.display_command()]

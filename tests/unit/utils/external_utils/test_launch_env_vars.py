@@ -56,3 +56,13 @@ def test_wandb_key_travels_in_the_job_env_only_when_set(tmp_path):
 def test_redaction_hides_keys_tokens_and_passwords_but_not_ordinary_values():
     shown = redact_env({"WANDB_API_KEY": "k", "HF_TOKEN": "t", "DB_PASSWORD": "p", "MASTER_ADDR": "h"})
     assert shown == {"WANDB_API_KEY": REDACTED, "HF_TOKEN": REDACTED, "DB_PASSWORD": REDACTED, "MASTER_ADDR": "h"}
+
+
+def test_job_request_keeps_inherited_secrets_out_of_the_runtime_env_but_shows_them_redacted():
+    from miles.utils.external_utils.job_submit import JobRequest
+
+    job = JobRequest("http://127.0.0.1:1", "python3 t.py", {"WANDB_API_KEY": "s3cr3t-value", "A": "1"}, "id",
+                     inherited=frozenset({"WANDB_API_KEY"}))
+    assert job.runtime_env == {"env_vars": {"A": "1"}}
+    shown = job.display_command()
+    assert '"WANDB_API_KEY": "<redacted>"' in shown and "s3cr3t-value" not in shown
