@@ -14,23 +14,9 @@ from miles.testing.cases import (
     find_repo_root,
     parametrize_cases,
 )
-from miles.testing.plugin import (  # noqa: F401  (hooks and fixtures: this module is the plugin)
-    check_run,
-    check_static,
-    dry_run,
-    gpu_lease,
-    miles_repo_root,
-    model_cache_dir,
-    plan_snapshot,
-    pytest_addoption,
-    pytest_collection_finish,
-    pytest_collection_modifyitems,
-    pytest_configure,
-    pytest_runtest_makereport,
-    ray_cluster,
-    recipe_case,
-    run_recipe,
-)
+# The hooks and fixtures live in miles.testing.plugin; pytest loads it along with this module
+# (from the root conftest.py's `pytest_plugins`, or from `-p miles.testing`).
+pytest_plugins = ["miles.testing.plugin"]
 
 __all__ = [
     "CPU_PROXY_ARGS",

@@ -106,6 +106,78 @@ def _secret_values() -> list[str]:
     return [v for k, v in os.environ.items() if _SECRET_NAME.search(k) and len(v) >= 8]
 
 
+@dataclass
+class PendingDryRun:
+    """A dry run started in the background (`start_dry`); `result()` waits for it."""
+
+    case: RecipeCase
+    command: list[str]
+    out_dir: Path
+    repo: Path
+    proc: subprocess.Popen
+    started: float
+    timeout: float
+    _done: DryRun | DryCheckFailure | None = None
+
+    def result(self) -> DryRun:
+        if self._done is None:
+            self._done = _finish_dry(self)
+        if isinstance(self._done, DryCheckFailure):
+            raise self._done
+        return self._done
+
+
+def start_dry(
+    case: RecipeCase,
+    out_dir: str | Path,
+    *,
+    rootdir: Path | None = None,
+    extra_env: Mapping[str, str] | None = None,
+    timeout: float | None = None,
+) -> PendingDryRun:
+    """Start `case`'s recipe with submission off (output to a pipe); see `run_dry`."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    script = case.script_path(rootdir)
+    repo = case.repo_root(rootdir)
+    if not script.is_file():
+        raise DryCheckFailure(f"recipe {case.script} not found (looked under {repo})")
+    command = [sys.executable, str(script), *case.args, "--output-dir", str(out_dir)]
+    env = scrubbed_env()
+    env.update({DRY_RUN_ENV: "0", "PYTHONUNBUFFERED": "1", "NO_COLOR": "1", "COLUMNS": "200"})
+    env.update(case.env)
+    env.update(extra_env or {})
+    proc = subprocess.Popen(
+        command, cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL, text=True, start_new_session=True,
+    )
+    return PendingDryRun(case, command, out_dir, repo, proc, time.monotonic(), timeout or case.timeout)
+
+
+def _finish_dry(p: PendingDryRun) -> DryRun | DryCheckFailure:
+    left = max(0.1, p.timeout - (time.monotonic() - p.started))
+    try:
+        output, _ = p.proc.communicate(timeout=left)
+    except subprocess.TimeoutExpired:
+        p.proc.kill()  # a dry run starts nothing else; its own process is all there is to end
+        output, _ = p.proc.communicate()
+        dry = DryRun(p.case, p.command, p.out_dir, -9, output or "", time.monotonic() - p.started, repo_root=p.repo)
+        return DryCheckFailure(dry.describe_failure(
+            f"dry run of {p.case.script} did not finish within {p.timeout:.0f}s"))
+    dry = DryRun(p.case, p.command, p.out_dir, p.proc.returncode, output, time.monotonic() - p.started,
+                 repo_root=p.repo)
+    if dry.returncode != 0:
+        return DryCheckFailure(dry.describe_failure(f"dry run of {p.case.script} failed"))
+    plans = sorted(p.out_dir.glob("*/plan.json"))
+    if len(plans) != 1:
+        return DryCheckFailure(dry.describe_failure(
+            f"dry run of {p.case.script} should leave exactly one <output_dir>/<run_id>/plan.json, "
+            f"found {len(plans)}"))
+    dry.plan_path = plans[0]
+    dry.plan = json.loads(plans[0].read_text())
+    return dry
+
+
 def run_dry(
     case: RecipeCase,
     out_dir: str | Path,
@@ -118,48 +190,7 @@ def run_dry(
 
     Raises DryCheckFailure when the recipe exits non-zero, times out or leaves no plan.
     """
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    script = case.script_path(rootdir)
-    repo = case.repo_root(rootdir)
-    if not script.is_file():
-        raise DryCheckFailure(f"recipe {case.script} not found (looked under {repo})")
-    command = [sys.executable, str(script), *case.args, "--output-dir", str(out_dir)]
-    env = scrubbed_env()
-    env.update(
-        {
-            DRY_RUN_ENV: "0",
-            "PYTHONUNBUFFERED": "1",
-            "NO_COLOR": "1",
-            "COLUMNS": "200",
-        }
-    )
-    env.update(case.env)
-    env.update(extra_env or {})
-    start = time.monotonic()
-    try:
-        proc = subprocess.run(
-            command, cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, text=True, timeout=timeout or case.timeout,
-            start_new_session=True,
-        )
-        returncode, output = proc.returncode, proc.stdout
-    except subprocess.TimeoutExpired as e:
-        out = e.output.decode(errors="replace") if isinstance(e.output, bytes) else (e.output or "")
-        dry = DryRun(case, command, out_dir, -9, out, time.monotonic() - start, repo_root=repo)
-        raise DryCheckFailure(dry.describe_failure(
-            f"dry run of {case.script} did not finish within {timeout or case.timeout:.0f}s")) from None
-    dry = DryRun(case, command, out_dir, returncode, output, time.monotonic() - start, repo_root=repo)
-    if returncode != 0:
-        raise DryCheckFailure(dry.describe_failure(f"dry run of {case.script} failed"))
-    plans = sorted(out_dir.glob("*/plan.json"))
-    if len(plans) != 1:
-        raise DryCheckFailure(dry.describe_failure(
-            f"dry run of {case.script} should leave exactly one <output_dir>/<run_id>/plan.json, "
-            f"found {len(plans)}"))
-    dry.plan_path = plans[0]
-    dry.plan = json.loads(plans[0].read_text())
-    return dry
+    return start_dry(case, out_dir, rootdir=rootdir, extra_env=extra_env, timeout=timeout).result()
 
 
 # -- static invariants ---------------------------------------------------------------------
@@ -286,10 +317,13 @@ def _check_gpu_layout(plan: Mapping, ns: Any) -> list[str]:
         needed = gpu_layout(ns).needed
     except (ImportError, AttributeError):
         return []
-    have = nodes * per_node
+    # Nodes beyond the launcher's own (a multi-node recipe's reward node joins as a worker) are
+    # counted from the argv's --num-nodes, each with at most the launcher's GPUs per node.
+    job_nodes = max(nodes, int(getattr(ns, "num_nodes", None) or 0))
+    have = job_nodes * per_node
     problems = []
     if needed > have:
-        problems.append(f"GPU layout needs {needed} GPUs, the launcher's cluster has {nodes} x {per_node} = {have}")
+        problems.append(f"GPU layout needs {needed} GPUs, the job has {job_nodes} nodes x {per_node} = {have}")
     arg_per_node = getattr(ns, "num_gpus_per_node", None)
     if arg_per_node is not None and arg_per_node > per_node:
         problems.append(f"--num-gpus-per-node {arg_per_node} in the argv, but the launcher gives each node {per_node}")

@@ -11,7 +11,7 @@ import pytest
 
 from miles.testing.cases import RecipeCase, case_of, cases_metadata, find_repo_root
 from miles.testing.cluster import LocalRayCluster
-from miles.testing.dry import DryCheckFailure, run_dry
+from miles.testing.dry import DryCheckFailure, run_dry, start_dry
 from miles.testing.invariants import check_run as run_invariants
 from miles.testing.leases import DEFAULT_LOCK_DIR, DEFAULT_MAX_USED_MIB, NoNvml, NotEnoughGpus, lease_gpus
 from miles.testing.runner import RecipeRun, new_token, run_recipe as _run_recipe, write_result_record
@@ -61,6 +61,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     for name, help_text in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {help_text}")
+    if config.getoption("collectonly", False) and hasattr(config.option, "disable_unused_snapshots"):
+        # Collecting runs no test, so syrupy would call every snapshot unused (and exit 1).
+        config.option.disable_unused_snapshots = True
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -159,8 +162,49 @@ def model_cache_dir(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pyte
     return path
 
 
+class _DryPrefetch:
+    """Starts the dry runs of every selected dry case at once, when the first is needed, so the
+    catalog's recipe subprocesses overlap (each test still checks only its own). Off under
+    pytest-xdist, whose workers already run cases side by side."""
+
+    def __init__(self, session: pytest.Session, base: Path, rootdir: Path):
+        self.pending = {}
+        for i, item in enumerate(session.items):
+            case = case_of(item)
+            if case is not None and case.tier == "dry" and "dry_run" in getattr(item, "fixturenames", ()):
+                if case.name not in self.pending:
+                    try:
+                        self.pending[case.name] = (case, start_dry(case, base / f"dry-{i}", rootdir=rootdir))
+                    except DryCheckFailure:
+                        pass  # reported when its test asks for it
+
+    def take(self, case: RecipeCase):
+        entry = self.pending.pop(case.name, None)
+        if entry is None or entry[0] != case:
+            return None
+        return entry[1]
+
+    def close(self) -> None:
+        for _, pending in self.pending.values():
+            if pending.proc.poll() is None:
+                pending.proc.kill()
+            pending.proc.communicate()
+        self.pending.clear()
+
+
+@pytest.fixture(scope="session")
+def _miles_dry_prefetch(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
+                        miles_repo_root: Path):
+    if hasattr(request.config, "workerinput") or len(request.session.items) < 2:
+        yield None
+        return
+    prefetch = _DryPrefetch(request.session, tmp_path_factory.mktemp("dry-prefetch"), miles_repo_root)
+    yield prefetch
+    prefetch.close()
+
+
 @pytest.fixture
-def dry_run(tmp_path: Path, miles_repo_root: Path, request: pytest.FixtureRequest):
+def dry_run(tmp_path: Path, miles_repo_root: Path, request: pytest.FixtureRequest, _miles_dry_prefetch):
     """`dry_run(case)`: run the recipe with submission off and return its `DryRun` (plan, text,
     output). Fails the test with the recipe's output when the recipe fails."""
     counter = iter(range(10_000))
@@ -168,9 +212,13 @@ def dry_run(tmp_path: Path, miles_repo_root: Path, request: pytest.FixtureReques
     def run(case: RecipeCase | None = None, **kw):
         case = case or request.getfixturevalue("recipe_case")
         try:
+            pending = _miles_dry_prefetch.take(case) if (_miles_dry_prefetch and not kw) else None
+            if pending is not None:
+                return pending.result()
             return run_dry(case, tmp_path / f"dry{next(counter)}", rootdir=miles_repo_root, **kw)
         except DryCheckFailure as e:
-            pytest.fail(str(e), pytrace=False)
+            failure = str(e)
+        pytest.fail(failure, pytrace=False)
 
     return run
 
@@ -189,7 +237,8 @@ def check_static():
         try:
             return dry.check_static(validate)
         except DryCheckFailure as e:
-            pytest.fail(str(e), pytrace=False)
+            failure = str(e)
+        pytest.fail(failure, pytrace=False)
 
     return check
 

@@ -231,6 +231,15 @@ class RecipeRun:
         return _read_jsonl(rd / "metrics.jsonl") if rd is not None else []
 
     @property
+    def perf(self) -> list[dict]:
+        """perf/* rows: perf.jsonl (the trainer keeps them out of metrics.jsonl under
+        --deterministic-mode so that file is reproducible), else metrics.jsonl's perf keys."""
+        rd = self.run_dir
+        rows = _read_jsonl(rd / "perf.jsonl") if rd is not None else []
+        return rows or [{k: v for k, v in r.items() if k == "rollout_id" or k.startswith("perf/")}
+                        for r in self.metrics]
+
+    @property
     def argv(self) -> list[str]:
         for source in (self.plan, self.run_json):
             if source and source.get("argv"):
@@ -248,7 +257,18 @@ class RecipeRun:
             return "(no log)"
 
     def series(self, key: str) -> list[float]:
-        return [row[key] for row in self.metrics if key in row]
+        rows = self.perf if key.startswith("perf/") else self.metrics
+        return [row[key] for row in rows if key in row]
+
+    def training_time(self) -> float:
+        """Seconds inside the training loop: the sum of perf/step_time (or rollout + train time)."""
+        total = 0.0
+        for row in self.perf:
+            if _finite(row.get("perf/step_time")):
+                total += row["perf/step_time"]
+            else:
+                total += sum(row[k] for k in ("perf/rollout_time", "perf/train_time") if _finite(row.get(k)))
+        return total
 
     # -- reports -------------------------------------------------------------------------
     def status(self) -> str:

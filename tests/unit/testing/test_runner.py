@@ -103,3 +103,18 @@ def test_result_record_has_throughput_and_peak_memory(tmp_path):
     assert record["run_json"]["resumed"] is False
     path = write_result_record(tmp_path / "results", record)
     assert path.name == f"{case.name}.json"
+
+
+def test_perf_comes_from_perf_jsonl_when_metrics_jsonl_omits_it(tmp_path):
+    body = textwrap.dedent('''
+        import json, os, sys
+        out = sys.argv[sys.argv.index("--output-dir") + 1]
+        rd = os.path.join(out, "run1"); os.makedirs(rd)
+        open(os.path.join(rd, "metrics.jsonl"), "w").write(json.dumps({"rollout_id": 0, "train/loss": 1.0}) + "\\n")
+        perf = {"rollout_id": 0, "perf/train_pairs_per_sec": 7.0, "perf/peak_memory_bytes": 5, "perf/step_time": 1.5}
+        open(os.path.join(rd, "perf.jsonl"), "w").write(json.dumps(perf) + "\\n")
+    ''')
+    case = RecipeCase.cpu(write_recipe(tmp_path, body), args=(), timeout=30, root=tmp_path)
+    run = run_recipe(case, tmp_path / "out")
+    assert run.result_record("passed")["throughput"] == {"last": 7.0, "mean": 7.0}
+    assert run.training_time() == 1.5

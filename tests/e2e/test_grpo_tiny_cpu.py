@@ -1,0 +1,23 @@
+"""run_diffusion_grpo_tiny_cpu: the CPU proxy (two rollouts, metrics against the committed standard) and the
+nightly GPU tier.
+
+The recipe has no --scale: it is CPU-sized already. Its CPU tier is the recipe with two
+rollouts; its nightly case is the recipe's default run (30 rollouts) on the GPU node, where it
+still trains on CPU slots (one GPU is leased only as its scheduling slot).
+"""
+
+from miles.testing import RecipeCase, parametrize_cases
+
+RECIPE = "scripts/run_diffusion_grpo_tiny_cpu.py"
+LABELS = ('sd3', 'grpo', 'cpu-only')
+METRICS = ("rollout/reward/raw_mean", "train/loss", "train/grad_norm")
+
+CASES = [
+    RecipeCase.cpu(RECIPE, args=('--num-rollout', '2'), metrics=METRICS, est_time=90, labels=LABELS),
+    RecipeCase.gpu(RECIPE, gpus=1, args=('--num-rollout', '30'), est_time=1200, labels=LABELS),
+]
+
+
+@parametrize_cases(CASES)
+def test_recipe(recipe_case, run_recipe, check_run):
+    check_run(run_recipe(recipe_case))
