@@ -152,7 +152,10 @@ def _convert_bool(raw: str) -> bool:
 
 
 def resolve_options(
-    cls: type, cli_values: dict[str, Any], environ: typing.Mapping[str, str] | None = None
+    cls: type,
+    cli_values: dict[str, Any],
+    environ: typing.Mapping[str, str] | None = None,
+    env_prefix: str = ENV_PREFIX,
 ) -> Any:
     """Build `cls` from command-line values (None = not given), then the environment, then defaults.
 
@@ -160,7 +163,7 @@ def resolve_options(
     """
     environ = os.environ if environ is None else environ
     kwargs: dict[str, Any] = {}
-    for spec in option_specs(cls):
+    for spec in option_specs(cls, env_prefix):
         given = cli_values.get(spec.field_name)
         if given is not None:
             kwargs[spec.field_name] = _convert_or_fail(given, spec, source=spec.option)
@@ -185,7 +188,7 @@ def _convert_or_fail(raw: Any, spec: OptionSpec, source: str) -> Any:
         ) from None
 
 
-def print_options_table(args: Any, title: str | None = None) -> None:
+def print_options_table(args: Any, title: str | None = None, env_prefix: str = ENV_PREFIX) -> None:
     """Print the resolved options as a table, so a log records what the script ran with.
 
     A field's `metadata["display"]` (value -> str) replaces the plain rendering, e.g. to redact.
@@ -198,7 +201,7 @@ def print_options_table(args: Any, title: str | None = None) -> None:
     table.add_column("value", overflow="fold")
     table.add_column("environment variable", style="dim")
     shown_as = {f.name: f.metadata.get("display", _display) for f in dataclasses.fields(args)}
-    for spec in option_specs(type(args)):
+    for spec in option_specs(type(args), env_prefix):
         table.add_row(spec.option, shown_as[spec.field_name](getattr(args, spec.field_name)), spec.env_var)
     Console(soft_wrap=False, width=max(120, _terminal_width())).print(table)
 
@@ -238,9 +241,9 @@ def dataclass_cli(func: Callable | None = None, *, env_prefix: str = ENV_PREFIX,
             return func(*positional)
         if not positional and not cli_values:
             return dataclass_cli_app(command, help=inspect.getdoc(func))()
-        args = _resolve_with_prefix(cls, cli_values, env_prefix)
+        args = resolve_options(cls, cli_values, env_prefix=env_prefix)
         if print_table:
-            print_options_table(args)
+            print_options_table(args, env_prefix=env_prefix)
         return func(args)
 
     del command.__wrapped__  # Typer must read our signature, not func's
@@ -250,13 +253,6 @@ def dataclass_cli(func: Callable | None = None, *, env_prefix: str = ENV_PREFIX,
     command.__annotations__ = {p.name: p.annotation for p in command.__signature__.parameters.values()}
     command.dataclass_type = cls
     return command
-
-
-def _resolve_with_prefix(cls: type, cli_values: dict[str, Any], env_prefix: str) -> Any:
-    if env_prefix == ENV_PREFIX:
-        return resolve_options(cls, cli_values)
-    environ = {ENV_PREFIX + k[len(env_prefix):]: v for k, v in os.environ.items() if k.startswith(env_prefix)}
-    return resolve_options(cls, cli_values, environ)
 
 
 def dataclass_cli_app(*funcs: Callable, help: str | None = None, name: str | None = None) -> typer.Typer:

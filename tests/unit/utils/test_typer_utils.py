@@ -147,3 +147,16 @@ def test_unsupported_field_type_is_rejected_at_decoration():
 
     with pytest.raises(TypeError, match="items"):
         dataclass_cli(main)
+
+
+def test_custom_env_prefix_is_read_and_shown_in_help():
+    seen = []
+
+    @dataclass_cli(env_prefix="MY_TOOL_")
+    def main(args: Args):
+        seen.append(args.num_rollout)
+
+    app = dataclass_cli_app(main)
+    result = CliRunner().invoke(app, [], env={"MY_TOOL_NUM_ROLLOUT": "11", "MILES_SCRIPT_NUM_ROLLOUT": "5"})
+    assert result.exit_code == 0 and seen == [11]
+    assert "MY_TOOL_NUM_ROLLOUT" in CliRunner().invoke(app, ["--help"]).output
