@@ -20,6 +20,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from miles.utils.external_utils.launch_mode import is_dry_run
+
 TOKEN_ENV = "MILES_LAUNCH_TOKEN"
 RECORD_DIR_NAME = ".launcher"
 
@@ -169,8 +171,6 @@ def exec_command(
     text = cmd if isinstance(cmd, str) else shlex.join(cmd)
     print_exec(text)
     if dry_run is None:
-        from miles.utils.external_utils.launch_mode import is_dry_run
-
         dry_run = is_dry_run()
     if dry_run:
         return subprocess.CompletedProcess(text, 0, "" if capture_output else None, "" if capture_output else None)
