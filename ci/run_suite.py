@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 from datetime import datetime, timezone
@@ -140,6 +141,8 @@ def run(args: argparse.Namespace, cases: list[Case], plan: Plan, labels: list[st
     settings = RunSettings(out, args.workdir, labels, history, load_thresholds(args.thresholds),
                            args.pytest_args, gpu_wait=args.gpu_wait)
     started = time.monotonic()
+    # CI cancels with SIGTERM; turned into SystemExit it reaches the runner's clean-up
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     try:
         results = SuiteRunner(cases, plan, settings, on_finish=print_progress).run()
     finally:

@@ -97,21 +97,43 @@ class SuiteRunner:
             (self.settings.out_dir / directory).mkdir(parents=True, exist_ok=True)
         self._skip_unschedulable()
         dispatcher = Dispatcher(self.plan.order, self.plan.pool, self.plan.cpu_slots)
-        t0 = time.monotonic()
         try:
-            while True:
-                for job, gpus in dispatcher.start_ready():
-                    self._launch(self.cases[job.name], gpus, time.monotonic() - t0)
-                if not self.running:
-                    break
-                finished = self.done.get()
-                del self.running[finished.case.name]
-                dispatcher.release(finished.case.name)
-                self._finish(finished)
+            self._dispatch(dispatcher, time.monotonic())
+        except (KeyboardInterrupt, SystemExit):
+            # a cancelled CI job still gets its reports, naming what never finished
+            self._abandon(dispatcher)
         finally:
             for launched in list(self.running.values()):
                 end_group(launched.proc)
         return [self.results[name] for name in self.cases if name in self.results]
+
+    def _dispatch(self, dispatcher: Dispatcher, t0: float) -> None:
+        while True:
+            for job, gpus in dispatcher.start_ready():
+                self._launch(self.cases[job.name], gpus, time.monotonic() - t0)
+            if not self.running:
+                return
+            try:
+                finished = self.done.get(timeout=1.0)
+            except queue.Empty:
+                continue
+            del self.running[finished.case.name]
+            dispatcher.release(finished.case.name)
+            self._finish(finished)
+
+    def _abandon(self, dispatcher: Dispatcher) -> None:
+        for launched in list(self.running.values()):
+            end_group(launched.proc)
+            result = launched.result
+            result.wall_time = time.monotonic() - launched.started
+            result.outcome, result.message = "error", "interrupted: the suite run was cancelled"
+            result.log_tail = tail(Path(result.log_path))
+            self.results[result.name] = result
+        for job in dispatcher.waiting:
+            case = self.cases[job.name]
+            self.results[case.name] = CaseResult(
+                case.name, case.nodeid, case.gpus, case.est_time, outcome="skipped",
+                message="not started: the suite run was cancelled")
 
     def _skip_unschedulable(self) -> None:
         for job in self.plan.unschedulable:

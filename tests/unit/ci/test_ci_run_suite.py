@@ -173,3 +173,28 @@ def test_a_real_harness_dry_case_runs_through_the_runner(tmp_path, monkeypatch):
     assert junit_problems(tmp_path / "out" / "junit.xml") == []
     summary = (tmp_path / "out" / "summary.md").read_text()
     assert f"`{name}`" in summary and "## Suite `cpu`" in summary
+
+
+def test_a_cancelled_run_ends_its_cases_and_still_reports(workdir):
+    import signal
+    import subprocess
+
+    pid_file = workdir / "pid"
+    suite = write_suite(workdir, [case("test_hangs", 1, est_time=10, timeout=600), case("test_quick", 1)])
+    env = {**os.environ, "FAKE_PID_FILE": str(pid_file)}
+    proc = subprocess.Popen([sys.executable, str(REPO / "ci" / "run_suite.py"), "--suite-json",
+                             str(suite), "--gpus", "1", "--gpu-wait", "0", "--workdir",
+                             str(workdir), "--out", str(workdir / "out")], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 60
+    while not pid_file.exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    output = proc.communicate(timeout=60)[0]
+    assert proc.returncode == 1, output
+    assert junit_problems(workdir / "out" / "junit.xml") == []
+    summary = (workdir / "out" / "summary.md").read_text()
+    assert "interrupted: the suite run was cancelled" in summary
+    assert "not started: the suite run was cancelled" in summary
+    assert not any(alive(int(pid)) for pid in pid_file.read_text().split())
