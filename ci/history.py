@@ -252,3 +252,44 @@ def _compare_memory(verdict: Verdict, m: Measurement, baseline, limits: Threshol
 
 def _mib(num_bytes: float) -> str:
     return f"{num_bytes / 2**20:.0f} MiB"
+
+
+def _show(history: History, test: str | None) -> None:
+    columns = ("id", "recorded_at", "test", "outcome", "gate_ok", "throughput", "peak_memory",
+               "wall_time", "gpu_model", "torch", "cuda", "driver")
+    print("\t".join(columns))
+    for row in history.runs(test):
+        print("\t".join("" if row[c] is None else str(row[c]) for c in columns))
+
+
+def forget(history: History, test: str) -> int:
+    """Starts a test's history over, e.g. after an intended change of its speed or memory."""
+    deleted = history.db.execute("DELETE FROM runs WHERE test = ?", (test,)).rowcount
+    history.db.commit()
+    return deleted
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python3 -m ci.history",
+                                description="Inspect or reset the gate's history.")
+    p.add_argument("command", choices=["show", "forget"])
+    p.add_argument("--db", type=Path, required=True, help="the SQLite history file")
+    p.add_argument("--test", help="one test's runs (required by forget)")
+    args = p.parse_args(argv)
+    if args.command == "forget" and not args.test:
+        p.error("forget needs --test")
+    history = History(args.db)
+    try:
+        if args.command == "show":
+            _show(history, args.test)
+        else:
+            print(f"deleted {forget(history, args.test)} runs of {args.test}")
+    finally:
+        history.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -128,3 +128,21 @@ def test_harness_throughput_summary_is_read_as_its_mean():
               "peak_memory": None, "run_json": None}
     assert measurement_from_result(result).throughput == 8.0
     assert measurement_from_result({**result, "throughput": None}).throughput is None
+
+
+def test_forgetting_a_test_starts_its_history_over(tmp_path, capsys):
+    from ci.history import main
+
+    db = tmp_path / "h.sqlite"
+    history = History(db)
+    with_nights(history)
+    history.gate(run(test="other"), LIMITS)
+    history.close()
+    assert main(["forget", "--db", str(db), "--test", "wan22_gpu"]) == 0
+    assert "deleted 5 runs of wan22_gpu" in capsys.readouterr().out
+    main(["show", "--db", str(db)])
+    shown = capsys.readouterr().out
+    assert "other" in shown and "wan22_gpu" not in shown
+    history = History(db)
+    assert history.gate(run(throughput=10.0), LIMITS).status == "no history"
+    history.close()
