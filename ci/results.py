@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import xml.etree.ElementTree as ET
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from ci.history import Verdict, throughput_value
@@ -27,7 +27,6 @@ class CaseResult:
     log_tail: str = ""
     harness_result: dict | None = None
     verdict: Verdict | None = None
-    extra: dict = field(default_factory=dict)
 
     @property
     def failed(self) -> bool:
