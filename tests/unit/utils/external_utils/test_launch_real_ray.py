@@ -129,3 +129,26 @@ def test_sigterm_during_the_job_stops_it_and_ends_the_cluster(tmp_path):
         assert pids_with_token(LaunchRecord.load(out, HEAD_ROLE).token) == []
     finally:
         _end_everything([train], _tokens((out, HEAD_ROLE)))
+
+
+@pytest.mark.timeout(300)
+def test_external_ray_only_submits_and_leaves_the_cluster_running(tmp_path, train_script):
+    from miles.utils.external_utils.local_cluster import start_node, stop_node
+    from miles.utils.external_utils.processes import new_token
+    from miles.utils.external_utils.ray_cluster import RayNodeSpec, RayPorts, ray_temp_dir_for
+
+    token = new_token()
+    head = RayNodeSpec("127.0.0.1", RayPorts.allocate(), ray_temp_dir_for(token), num_gpus=0, num_cpus=2)
+    record = LaunchRecord("external-head", token, ray_temp_dir=head.temp_dir)
+    out, log_path = tmp_path / "out", tmp_path / "train.log"
+    try:
+        start_node(head, record, tmp_path / "cluster", cuda_visible_devices=None)
+        train = _start(["train", "--output-dir", str(out), "--run-id", "r4", "--train-script", str(train_script)],
+                       log_path, MILES_SCRIPT_EXTERNAL_RAY="1", RAY_ADDRESS=head.job_server_url)
+        assert train.wait(timeout=200) == 0, log_path.read_text()[-3000:]
+        log = log_path.read_text()
+        assert "EXEC: ray start" not in log and "TINY TRAIN argv:" in log
+        assert not (out / ".launcher").exists()
+        assert pids_with_token(token)  # the cluster we handed it is still up
+    finally:
+        stop_node(record)
