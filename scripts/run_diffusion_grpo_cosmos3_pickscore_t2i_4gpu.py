@@ -53,6 +53,7 @@ class _Scale:
     n_samples_per_prompt: int
     tile_samples: int  # micro-batch tile: samples x 1 timestep per forward
     rm_num_workers: int  # PickScore workers, spread over the engines' GPUs
+    rm_gpus_per_worker: float  # their slice of a GPU; 0 on cpu, where they are CPU actors
     num_prompts: int
     num_rollout: int
     eval_interval: Optional[int]  # None: no eval
@@ -64,17 +65,20 @@ _SCALES: dict[str, _Scale] = {
     "full": _Scale(
         checkpoint_size=None, device="cuda", dtype="bfloat16", train_ranks=4, resolution=768, num_steps=10,
         sde_window_max_start=3, rollout_batch_size=16, n_samples_per_prompt=8, tile_samples=8, rm_num_workers=4,
-        num_prompts=4000, num_rollout=300, eval_interval=10, save_interval=20, deterministic=False,
+        rm_gpus_per_worker=0.1, num_prompts=4000, num_rollout=300, eval_interval=10, save_interval=20,
+        deterministic=False,
     ),
     "gpu-proxy": _Scale(
         checkpoint_size="proxy", device="cuda", dtype="bfloat16", train_ranks=4, resolution=256, num_steps=10,
         sde_window_max_start=3, rollout_batch_size=8, n_samples_per_prompt=4, tile_samples=4, rm_num_workers=4,
-        num_prompts=64, num_rollout=4, eval_interval=None, save_interval=None, deterministic=True,
+        rm_gpus_per_worker=0.1, num_prompts=64, num_rollout=4, eval_interval=None, save_interval=None,
+        deterministic=True,
     ),
     "cpu-proxy": _Scale(
         checkpoint_size="tiny", device="cpu", dtype="float32", train_ranks=2, resolution=64, num_steps=6,
         sde_window_max_start=2, rollout_batch_size=2, n_samples_per_prompt=4, tile_samples=2, rm_num_workers=1,
-        num_prompts=16, num_rollout=2, eval_interval=None, save_interval=None, deterministic=True,
+        rm_gpus_per_worker=0, num_prompts=16, num_rollout=2, eval_interval=None, save_interval=None,
+        deterministic=True,
     ),
 }
 
@@ -163,7 +167,8 @@ def execute(args: ScriptArgs, assets: Assets) -> None:
 
     reward_args = (  # PickScore workers beside the engines, each on a slice of an engine's GPU
         f"--rm-type pickscore --pickscore-model-path {assets.pickscore} "
-        f"--rm-num-workers {scale.rm_num_workers} --rm-num-gpus-per-worker 0.1 --colocate-reward "
+        f"--rm-num-workers {scale.rm_num_workers} --rm-num-gpus-per-worker {scale.rm_gpus_per_worker:g} "
+        "--colocate-reward "
     )
 
     engine_args = f"--rollout-num-gpus {scale.train_ranks} --rollout-num-gpus-per-engine 1 "

@@ -26,7 +26,7 @@ GPU layout (--scale full, 1 node, 5 GPUs):
 Scales (--scale):
     full       Qwen-Image and PickScore, 512 px, 32 prompts x 16 samples, 5 GPUs
     gpu-proxy  our proxy-size qwen_image and a tiny CLIP, 256 px, same 5-GPU layout
-    cpu-proxy  our tiny qwen_image and tiny CLIP, 64 px, 2 CPU train ranks + 1 reward slot
+    cpu-proxy  our tiny qwen_image and tiny CLIP, 64 px, 2 CPU train ranks, CPU reward actor
 
 Example:
     python3 scripts/run_diffusion_grpo_pickscore_5gpu_flowgrpo_aligned.py
@@ -46,7 +46,6 @@ import miles.utils.external_utils.command_utils as U
 FAMILY = "qwen_image"
 RELEASED_CHECKPOINT = "Qwen-Image"  # under --model-dir (--scale full)
 RELEASED_PICKSCORE = "PickScore_v1"  # under --model-dir (--scale full)
-REWARD_GPUS = 1  # PickScore has a GPU (a CPU slot on cpu) of its own
 
 # What makes the recipe "aligned": the launcher refuses --extra-args that change these.
 LOCKED_FLAGS = {"--diffusion-clip-range": "1e-4", "--diffusion-noise-level": "0.7"}
@@ -66,6 +65,7 @@ class _Scale:
     rollout_batch_size: int  # prompts per rollout
     n_samples_per_prompt: int
     tile_samples: int  # micro-batch tile: samples x 1 timestep per forward
+    reward_gpus: int  # a GPU of its own for PickScore; 0 on cpu, where the workers are CPU actors
     rm_num_workers: int  # sharing the reward GPU equally
     num_prompts: int
     num_rollout: int
@@ -76,20 +76,20 @@ class _Scale:
 
 _SCALES: dict[str, _Scale] = {
     "full": _Scale(
-        checkpoint_size=None, device="cuda", dtype="bfloat16", train_ranks=4, resolution=512,
-        num_steps=10, sde_window_max_start=3, rollout_batch_size=32, n_samples_per_prompt=16, tile_samples=8,
+        checkpoint_size=None, device="cuda", dtype="bfloat16", train_ranks=4, resolution=512, num_steps=10,
+        sde_window_max_start=3, rollout_batch_size=32, n_samples_per_prompt=16, tile_samples=8, reward_gpus=1,
         rm_num_workers=4, num_prompts=4000, num_rollout=300, eval_interval=10, save_interval=20,
         deterministic=False,
     ),
     "gpu-proxy": _Scale(
-        checkpoint_size="proxy", device="cuda", dtype="bfloat16", train_ranks=4, resolution=256,
-        num_steps=10, sde_window_max_start=3, rollout_batch_size=8, n_samples_per_prompt=8, tile_samples=8,
+        checkpoint_size="proxy", device="cuda", dtype="bfloat16", train_ranks=4, resolution=256, num_steps=10,
+        sde_window_max_start=3, rollout_batch_size=8, n_samples_per_prompt=8, tile_samples=8, reward_gpus=1,
         rm_num_workers=4, num_prompts=64, num_rollout=4, eval_interval=None, save_interval=None,
         deterministic=True,
     ),
     "cpu-proxy": _Scale(
-        checkpoint_size="tiny", device="cpu", dtype="float32", train_ranks=2, resolution=64,
-        num_steps=6, sde_window_max_start=2, rollout_batch_size=2, n_samples_per_prompt=4, tile_samples=2,
+        checkpoint_size="tiny", device="cpu", dtype="float32", train_ranks=2, resolution=64, num_steps=6,
+        sde_window_max_start=2, rollout_batch_size=2, n_samples_per_prompt=4, tile_samples=2, reward_gpus=0,
         rm_num_workers=1, num_prompts=16, num_rollout=2, eval_interval=None, save_interval=None,
         deterministic=True,
     ),
@@ -181,7 +181,8 @@ def execute(args: ScriptArgs, assets: Assets) -> None:
 
     reward_args = (
         f"--rm-type pickscore --pickscore-model-path {assets.pickscore} "
-        f"--rm-num-workers {scale.rm_num_workers} --rm-num-gpus-per-worker {REWARD_GPUS / scale.rm_num_workers:g} "
+        f"--rm-num-workers {scale.rm_num_workers} "
+        f"--rm-num-gpus-per-worker {scale.reward_gpus / scale.rm_num_workers:g} "
     )
 
     engine_args = f"--rollout-num-gpus {scale.train_ranks} --rollout-num-gpus-per-engine 1 "
@@ -200,7 +201,7 @@ def execute(args: ScriptArgs, assets: Assets) -> None:
 
     misc_args = (
         f"--device {scale.device} --actor-num-nodes 1 --actor-num-gpus-per-node {scale.train_ranks} "
-        f"--num-gpus-per-node {scale.train_ranks + REWARD_GPUS} --colocate "
+        f"--num-gpus-per-node {scale.train_ranks + scale.reward_gpus} --colocate "
         "--diffusion-debug-mode "  # log train/rollout parity (exactly 0.0 when healthy)
     )
     if scale.deterministic:
@@ -212,7 +213,7 @@ def execute(args: ScriptArgs, assets: Assets) -> None:
     ])
     U.execute_train(
         train_args=train_args,
-        num_gpus_per_node=0 if scale.device == "cpu" else scale.train_ranks + REWARD_GPUS,
+        num_gpus_per_node=0 if scale.device == "cpu" else scale.train_ranks + scale.reward_gpus,
         config=args,
         locked_flags=LOCKED_FLAGS,
     )

@@ -78,22 +78,19 @@ class _Scale:
 
 _SCALES: dict[str, _Scale] = {
     "full": _Scale(
-        checkpoint_size=None, device="cuda", dtype="bfloat16", train_ranks=2, resolution=512,
-        num_steps=10, sde_window_max_start=3, rollout_batch_size=16, n_samples_per_prompt=16, tile_samples=8,
-        rm_num_workers=4, num_prompts=2000, num_rollout=400, eval_interval=10, save_interval=20,
-        deterministic=False,
+        checkpoint_size=None, device="cuda", dtype="bfloat16", train_ranks=2, resolution=512, num_steps=10,
+        sde_window_max_start=3, rollout_batch_size=16, n_samples_per_prompt=16, tile_samples=8, rm_num_workers=4,
+        num_prompts=2000, num_rollout=400, eval_interval=10, save_interval=20, deterministic=False,
     ),
     "gpu-proxy": _Scale(
-        checkpoint_size="proxy", device="cuda", dtype="bfloat16", train_ranks=2, resolution=256,
-        num_steps=10, sde_window_max_start=3, rollout_batch_size=4, n_samples_per_prompt=8, tile_samples=4,
-        rm_num_workers=2, num_prompts=64, num_rollout=4, eval_interval=None, save_interval=None,
-        deterministic=True,
+        checkpoint_size="proxy", device="cuda", dtype="bfloat16", train_ranks=2, resolution=256, num_steps=10,
+        sde_window_max_start=3, rollout_batch_size=4, n_samples_per_prompt=8, tile_samples=4, rm_num_workers=2,
+        num_prompts=64, num_rollout=4, eval_interval=None, save_interval=None, deterministic=True,
     ),
     "cpu-proxy": _Scale(
-        checkpoint_size="tiny", device="cpu", dtype="float32", train_ranks=2, resolution=64,
-        num_steps=6, sde_window_max_start=2, rollout_batch_size=2, n_samples_per_prompt=4, tile_samples=2,
-        rm_num_workers=1, num_prompts=16, num_rollout=2, eval_interval=None, save_interval=None,
-        deterministic=True,
+        checkpoint_size="tiny", device="cpu", dtype="float32", train_ranks=2, resolution=64, num_steps=6,
+        sde_window_max_start=2, rollout_batch_size=2, n_samples_per_prompt=4, tile_samples=2, rm_num_workers=1,
+        num_prompts=16, num_rollout=2, eval_interval=None, save_interval=None, deterministic=True,
     ),
 }
 

@@ -41,7 +41,9 @@ class ScriptArgs(U.ExecuteTrainConfig):
     train_ranks: int = field(
         default=1, metadata={"help": "Data-parallel CPU train ranks, each with a rollout engine on its slot."}
     )
-    seed: int = field(default=1234, metadata={"help": "Seed of the trainer (--seed) and of the rollouts (--rollout-seed)."})
+    seed: int = field(
+        default=1234, metadata={"help": "Seed of the trainer (--seed) and of the rollouts (--rollout-seed)."}
+    )
     model_dir: str = field(
         default=str(U.REPO_ROOT / "models"),
         metadata={"help": "Where the tiny checkpoint is created once and reused (shared with other recipes)."},

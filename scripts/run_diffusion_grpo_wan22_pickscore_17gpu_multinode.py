@@ -21,7 +21,7 @@ Scales (--scale):
     full       Wan2.2 A14B and PickScore, 480x832 px x 33 frames, 16 prompts x 16 samples, 17 GPUs
     gpu-proxy  the CI proxy: our proxy-size wan2_2 and a tiny CLIP on ONE node of 4 GPUs
                (3 train ranks + engines colocated, 1 PickScore GPU), 256 px x 9 frames
-    cpu-proxy  our tiny wan2_2 and tiny CLIP, 64 px x 5 frames, 2 CPU train ranks + 1 reward slot
+    cpu-proxy  our tiny wan2_2 and tiny CLIP, 64 px x 5 frames, 2 CPU train ranks, CPU reward actor
 
 Two ways to bring the cluster up (each node: `ulimit -n 1000000` first; a raylet inheriting
 1024 open files dies later with a misleading "Socket closed"):
@@ -75,7 +75,7 @@ class _Scale:
     dtype: str  # train and rollout forwards; the trained weights stay float32
     num_nodes: int  # default for --num-nodes: the nodes the job spans, the reward node included
     train_gpus_per_node: int  # GPUs (CPU slots on cpu), each holding a train rank and a rollout engine
-    reward_gpus: int
+    reward_gpus: int  # for PickScore; 0 on cpu, where the workers are CPU actors
     reward_node: bool  # True: the reward GPU is a node of its own; False: on the train node
     height: int
     width: int
@@ -106,7 +106,7 @@ _SCALES: dict[str, _Scale] = {
         eval_interval=None, save_interval=None, deterministic=True,
     ),
     "cpu-proxy": _Scale(
-        checkpoint_size="tiny", device="cpu", dtype="float32", num_nodes=1, train_gpus_per_node=2, reward_gpus=1,
+        checkpoint_size="tiny", device="cpu", dtype="float32", num_nodes=1, train_gpus_per_node=2, reward_gpus=0,
         reward_node=False, height=64, width=64, frames=5, num_steps=6, sde_window_max_start=4,
         rollout_batch_size=2, n_samples_per_prompt=4, rm_num_workers=1, num_prompts=16, num_rollout=2,
         eval_interval=None, save_interval=None, deterministic=True,
@@ -146,10 +146,13 @@ class WorkerArgs:
     head_address: str = field(
         default="127.0.0.1:6379", metadata={"help": "The Ray head to join, host:gcs_port (see `train --head-port`)."}
     )
-    num_gpus: int = field(default=8, metadata={"help": "GPUs this node offers: 8 for a train node, 1 for the reward node."})
+    num_gpus: int = field(
+        default=8, metadata={"help": "GPUs this node offers: 8 for a train node, 1 for the reward node."}
+    )
     node_ip: str = field(
-        default="", metadata={"help": "This node's address as the others reach it (empty: Ray finds it; loopback for a loopback "
-                                  "head)."}
+        default="",
+        metadata={"help": "This node's address as the others reach it (empty: Ray finds it; loopback for a "
+                          "loopback head)."},
     )
     cuda_visible_devices: str = field(
         default="", metadata={"help": "Physical GPUs this node offers, e.g. 0 (empty: inherit CUDA_VISIBLE_DEVICES)."}

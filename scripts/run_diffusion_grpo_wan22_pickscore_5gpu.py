@@ -21,7 +21,7 @@ GPU layout (--scale full, 1 node, 5 GPUs):
 Scales (--scale):
     full       Wan2.2 A14B and PickScore, 480x832 px x 33 frames, 8 prompts x 8 samples, 5 GPUs
     gpu-proxy  our proxy-size wan2_2 and a tiny CLIP, 256 px x 9 frames, same 5-GPU layout
-    cpu-proxy  our tiny wan2_2 and tiny CLIP, 64 px x 5 frames, 2 CPU train ranks + 1 reward slot
+    cpu-proxy  our tiny wan2_2 and tiny CLIP, 64 px x 5 frames, 2 CPU train ranks, CPU reward actor
 
 Example:
     python3 scripts/run_diffusion_grpo_wan22_pickscore_5gpu.py
@@ -40,7 +40,6 @@ import miles.utils.external_utils.command_utils as U
 FAMILY = "wan2_2"
 RELEASED_CHECKPOINT = "Wan2.2-T2V-A14B-Diffusers"  # under --model-dir (--scale full)
 RELEASED_PICKSCORE = "PickScore_v1"  # under --model-dir (--scale full)
-REWARD_GPUS = 1  # PickScore has a GPU (a CPU slot on cpu) of its own
 
 
 @dataclass(frozen=True)
@@ -58,6 +57,7 @@ class _Scale:
     sde_window_max_start: int  # the 2-step window must end before the boundary: at most boundary - 2
     rollout_batch_size: int  # prompts per rollout
     n_samples_per_prompt: int
+    reward_gpus: int  # a GPU of its own for PickScore; 0 on cpu, where the workers are CPU actors
     rm_num_workers: int  # sharing the reward GPU equally
     num_prompts: int
     num_rollout: int
@@ -69,18 +69,21 @@ class _Scale:
 _SCALES: dict[str, _Scale] = {
     "full": _Scale(
         checkpoint_size=None, device="cuda", dtype="bfloat16", train_ranks=4, height=480, width=832, frames=33,
-        num_steps=20, sde_window_max_start=6, rollout_batch_size=8, n_samples_per_prompt=8, rm_num_workers=4,
-        num_prompts=4000, num_rollout=200, eval_interval=10, save_interval=20, deterministic=False,
+        num_steps=20, sde_window_max_start=6, rollout_batch_size=8, n_samples_per_prompt=8, reward_gpus=1,
+        rm_num_workers=4, num_prompts=4000, num_rollout=200, eval_interval=10, save_interval=20,
+        deterministic=False,
     ),
     "gpu-proxy": _Scale(
         checkpoint_size="proxy", device="cuda", dtype="bfloat16", train_ranks=4, height=256, width=256, frames=9,
-        num_steps=10, sde_window_max_start=4, rollout_batch_size=4, n_samples_per_prompt=4, rm_num_workers=4,
-        num_prompts=64, num_rollout=4, eval_interval=None, save_interval=None, deterministic=True,
+        num_steps=10, sde_window_max_start=4, rollout_batch_size=4, n_samples_per_prompt=4, reward_gpus=1,
+        rm_num_workers=4, num_prompts=64, num_rollout=4, eval_interval=None, save_interval=None,
+        deterministic=True,
     ),
     "cpu-proxy": _Scale(
         checkpoint_size="tiny", device="cpu", dtype="float32", train_ranks=2, height=64, width=64, frames=5,
-        num_steps=6, sde_window_max_start=2, rollout_batch_size=2, n_samples_per_prompt=4, rm_num_workers=1,
-        num_prompts=16, num_rollout=2, eval_interval=None, save_interval=None, deterministic=True,
+        num_steps=6, sde_window_max_start=2, rollout_batch_size=2, n_samples_per_prompt=4, reward_gpus=0,
+        rm_num_workers=1, num_prompts=16, num_rollout=2, eval_interval=None, save_interval=None,
+        deterministic=True,
     ),
 }
 
@@ -171,7 +174,8 @@ def execute(args: ScriptArgs, assets: Assets) -> None:
 
     reward_args = (
         f"--rm-type pickscore --pickscore-model-path {assets.pickscore} "
-        f"--rm-num-workers {scale.rm_num_workers} --rm-num-gpus-per-worker {REWARD_GPUS / scale.rm_num_workers:g} "
+        f"--rm-num-workers {scale.rm_num_workers} "
+        f"--rm-num-gpus-per-worker {scale.reward_gpus / scale.rm_num_workers:g} "
     )
 
     engine_args = f"--rollout-num-gpus {scale.train_ranks} --rollout-num-gpus-per-engine 1 "
@@ -189,7 +193,7 @@ def execute(args: ScriptArgs, assets: Assets) -> None:
 
     misc_args = (
         f"--device {scale.device} --actor-num-nodes 1 --actor-num-gpus-per-node {scale.train_ranks} "
-        f"--num-gpus-per-node {scale.train_ranks + REWARD_GPUS} --colocate "
+        f"--num-gpus-per-node {scale.train_ranks + scale.reward_gpus} --colocate "
         "--diffusion-debug-mode "  # log train/rollout parity (exactly 0.0 when healthy)
     )
     if scale.deterministic:
@@ -201,7 +205,7 @@ def execute(args: ScriptArgs, assets: Assets) -> None:
     ])
     U.execute_train(
         train_args=train_args,
-        num_gpus_per_node=0 if scale.device == "cpu" else scale.train_ranks + REWARD_GPUS,
+        num_gpus_per_node=0 if scale.device == "cpu" else scale.train_ranks + scale.reward_gpus,
         config=args,
     )
 

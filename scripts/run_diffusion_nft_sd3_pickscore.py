@@ -20,7 +20,7 @@ GPU layout (--scale full, 1 node, 3 GPUs):
 Scales (--scale):
     full       SD3.5-Medium and PickScore, 512 px, 16 prompts x 8 samples, 3 GPUs
     gpu-proxy  our proxy-size sd3 and a tiny CLIP, 256 px, same 3-GPU layout
-    cpu-proxy  our tiny sd3 and tiny CLIP, 64 px, 2 CPU train ranks + 1 reward slot
+    cpu-proxy  our tiny sd3 and tiny CLIP, 64 px, 2 CPU train ranks, CPU reward actor
 
 Example:
     python3 scripts/run_diffusion_nft_sd3_pickscore.py
@@ -39,7 +39,6 @@ import miles.utils.external_utils.command_utils as U
 FAMILY = "sd3"
 RELEASED_CHECKPOINT = "stable-diffusion-3.5-medium"  # under --model-dir (--scale full)
 RELEASED_PICKSCORE = "PickScore_v1"  # under --model-dir (--scale full)
-REWARD_GPUS = 1  # PickScore has a GPU (a CPU slot on cpu) of its own
 
 
 @dataclass(frozen=True)
@@ -55,6 +54,7 @@ class _Scale:
     rollout_batch_size: int  # prompts per rollout
     n_samples_per_prompt: int
     tile_samples: int  # micro-batch tile: samples x 1 timestep per forward
+    reward_gpus: int  # a GPU of its own for PickScore; 0 on cpu, where the workers are CPU actors
     rm_num_workers: int  # sharing the reward GPU equally
     num_prompts: int
     num_rollout: int
@@ -66,18 +66,18 @@ class _Scale:
 _SCALES: dict[str, _Scale] = {
     "full": _Scale(
         checkpoint_size=None, device="cuda", dtype="bfloat16", train_ranks=2, resolution=512, num_steps=10,
-        rollout_batch_size=16, n_samples_per_prompt=8, tile_samples=8, rm_num_workers=2, num_prompts=4000,
-        num_rollout=300, eval_interval=10, save_interval=20, deterministic=False,
+        rollout_batch_size=16, n_samples_per_prompt=8, tile_samples=8, reward_gpus=1, rm_num_workers=2,
+        num_prompts=4000, num_rollout=300, eval_interval=10, save_interval=20, deterministic=False,
     ),
     "gpu-proxy": _Scale(
         checkpoint_size="proxy", device="cuda", dtype="bfloat16", train_ranks=2, resolution=256, num_steps=10,
-        rollout_batch_size=4, n_samples_per_prompt=8, tile_samples=4, rm_num_workers=2, num_prompts=64,
-        num_rollout=4, eval_interval=None, save_interval=None, deterministic=True,
+        rollout_batch_size=4, n_samples_per_prompt=8, tile_samples=4, reward_gpus=1, rm_num_workers=2,
+        num_prompts=64, num_rollout=4, eval_interval=None, save_interval=None, deterministic=True,
     ),
     "cpu-proxy": _Scale(
         checkpoint_size="tiny", device="cpu", dtype="float32", train_ranks=2, resolution=64, num_steps=6,
-        rollout_batch_size=2, n_samples_per_prompt=4, tile_samples=2, rm_num_workers=1, num_prompts=16,
-        num_rollout=2, eval_interval=None, save_interval=None, deterministic=True,
+        rollout_batch_size=2, n_samples_per_prompt=4, tile_samples=2, reward_gpus=0, rm_num_workers=1,
+        num_prompts=16, num_rollout=2, eval_interval=None, save_interval=None, deterministic=True,
     ),
 }
 
@@ -167,7 +167,8 @@ def execute(args: ScriptArgs, assets: Assets) -> None:
 
     reward_args = (
         f"--rm-type pickscore --pickscore-model-path {assets.pickscore} "
-        f"--rm-num-workers {scale.rm_num_workers} --rm-num-gpus-per-worker {REWARD_GPUS / scale.rm_num_workers:g} "
+        f"--rm-num-workers {scale.rm_num_workers} "
+        f"--rm-num-gpus-per-worker {scale.reward_gpus / scale.rm_num_workers:g} "
     )
 
     engine_args = f"--rollout-num-gpus {scale.train_ranks} --rollout-num-gpus-per-engine 1 "
@@ -186,7 +187,7 @@ def execute(args: ScriptArgs, assets: Assets) -> None:
 
     misc_args = (
         f"--device {scale.device} --actor-num-nodes 1 --actor-num-gpus-per-node {scale.train_ranks} "
-        f"--num-gpus-per-node {scale.train_ranks + REWARD_GPUS} --colocate "
+        f"--num-gpus-per-node {scale.train_ranks + scale.reward_gpus} --colocate "
         "--diffusion-debug-mode "  # log train/rollout parity (exactly 0.0 when healthy)
     )
     if scale.deterministic:
@@ -198,7 +199,7 @@ def execute(args: ScriptArgs, assets: Assets) -> None:
     ])
     U.execute_train(
         train_args=train_args,
-        num_gpus_per_node=0 if scale.device == "cpu" else scale.train_ranks + REWARD_GPUS,
+        num_gpus_per_node=0 if scale.device == "cpu" else scale.train_ranks + scale.reward_gpus,
         config=args,
     )
 

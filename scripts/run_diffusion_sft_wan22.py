@@ -100,7 +100,8 @@ class ScriptArgs(U.ExecuteTrainConfig):
         default=str(U.REPO_ROOT / "data"), metadata={"help": "Where the synthetic SFT dataset is written."}
     )
     sft_data: str = field(
-        default="", metadata={"help": "Your own SFT JSONL (see the docstring for its format); empty: the synthetic set."}
+        default="",
+        metadata={"help": "Your own SFT JSONL (see the docstring for its format); empty: the synthetic set."},
     )
 
 
@@ -118,7 +119,8 @@ def prepare(args: ScriptArgs) -> Assets:
     else:
         checkpoint = model_dir / f"miles-{FAMILY}-{scale.checkpoint_size}-seed0"
     size = f"{scale.height}x{scale.width}x{scale.frames}"
-    sft_data = Path(args.sft_data) if args.sft_data else Path(args.data_dir) / f"sft_{FAMILY}_{size}_{scale.num_items}.jsonl"
+    synthetic = Path(args.data_dir) / f"sft_{FAMILY}_{size}_{scale.num_items}.jsonl"
+    sft_data = Path(args.sft_data) if args.sft_data else synthetic
     if not U.is_dry_run():
         if not args.sft_data:
             from miles.rollout.prompts import ensure_sft_dataset
