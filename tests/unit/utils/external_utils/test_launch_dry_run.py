@@ -2,9 +2,9 @@
 
 import json
 import os
+import resource
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -111,14 +111,22 @@ def _sid(pid):
         return None
 
 
-def test_dry_run_imports_neither_torch_nor_ray_and_is_fast(sandbox):
-    started = time.perf_counter()
+def test_dry_run_imports_neither_torch_nor_ray(sandbox):
     result = _dry(sandbox, PYTHONPROFILEIMPORTTIME="1")
-    elapsed = time.perf_counter() - started
     imported = {line.split("|")[-1].strip() for line in result.stderr.splitlines() if line.startswith("import time:")}
     assert not {m for m in imported if m.split(".")[0] in ("torch", "ray")}
     assert "typer" in imported
-    assert elapsed < 2.0  # 0.3 s on an idle 2-core machine; the bound allows for a shared CPU
+
+
+def test_dry_run_costs_well_under_a_second_of_cpu(sandbox):
+    # CPU time rather than wall time: the machine is shared, and a busy neighbour stretches wall
+    # time without our doing. Idle, the whole dry run takes about 0.3 s of wall time; importing
+    # torch alone would cost more than this bound.
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    assert _dry(sandbox).returncode == 0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu_s = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    assert cpu_s < 1.0
 
 
 def test_external_ray_with_cuda_visible_devices_is_refused_before_anything_starts(sandbox):
