@@ -24,6 +24,7 @@ import enum
 import functools
 import inspect
 import os
+import sys
 import types
 import typing
 from dataclasses import dataclass
@@ -240,7 +241,7 @@ def dataclass_cli(func: Callable | None = None, *, env_prefix: str = ENV_PREFIX,
         if positional and isinstance(positional[0], cls):
             return func(*positional)
         if not positional and not cli_values:
-            return dataclass_cli_app(command, help=inspect.getdoc(func))()
+            return dataclass_cli_app(command, help=_script_help(func))()
         args = resolve_options(cls, cli_values, env_prefix=env_prefix)
         if print_table:
             print_options_table(args, env_prefix=env_prefix)
@@ -255,17 +256,25 @@ def dataclass_cli(func: Callable | None = None, *, env_prefix: str = ENV_PREFIX,
     return command
 
 
+def _script_help(func: Callable) -> str | None:
+    """The function's docstring, else its module's (a recipe's docstring says what it trains)."""
+    module = sys.modules.get(func.__module__)
+    return inspect.getdoc(func) or (inspect.getdoc(module) if module else None)
+
+
 def dataclass_cli_app(*funcs: Callable, help: str | None = None, name: str | None = None) -> typer.Typer:
     """One Typer app whose commands are `funcs` (each decorated with dataclass_cli if not yet).
 
     A single function becomes the app itself (no subcommand name); several become subcommands
     named after the functions with `_` turned into `-` (`full_train` -> `full-train`).
     """
-    app = typer.Typer(help=help, name=name, add_completion=False, rich_markup_mode=None,
+    app = typer.Typer(help=verbatim_help(help), name=name, add_completion=False, rich_markup_mode=None,
                       pretty_exceptions_enable=False, context_settings={"help_option_names": ["-h", "--help"]})
     for func in funcs:
         command = func if hasattr(func, "dataclass_type") else dataclass_cli(func)
-        app.command(name=func.__name__.replace("_", "-"), help=inspect.getdoc(func))(command)
+        # a single command is the whole app, and Typer shows the command's help, not the app's
+        command_help = inspect.getdoc(func) or (help if len(funcs) == 1 else None)
+        app.command(name=func.__name__.replace("_", "-"), help=verbatim_help(command_help))(command)
     return app
 
 
@@ -279,8 +288,7 @@ def _dataclass_parameter(func: Callable) -> type:
 
 def _typer_parameter(spec: OptionSpec, cls: type) -> inspect.Parameter:
     choices = choices_of(spec.annotation)
-    default = _field_default(cls, spec.field_name)
-    default_text = "required" if default is _REQUIRED else f"default: {_display(default)}"
+    default_text = _default_text(cls, spec.field_name)
     help_text = f"{spec.help} [{default_text}; env {spec.env_var}]".strip()
     if spec.is_bool:
         option = typer.Option(None, f"{spec.option}/--no-{spec.option[2:]}", help=help_text, show_default=False)
@@ -290,6 +298,22 @@ def _typer_parameter(spec: OptionSpec, cls: type) -> inspect.Parameter:
         option = typer.Option(None, spec.option, help=help_text, show_default=False, metavar=metavar)
         annotation = Optional[str]
     return inspect.Parameter(spec.field_name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=annotation)
+
+
+def _default_text(cls: type, name: str) -> str:
+    """`metadata["default_help"]` describes a computed default better than today's value of it."""
+    described = next(f for f in dataclasses.fields(cls) if f.name == name).metadata.get("default_help")
+    if described:
+        return f"default: {described}"
+    default = _field_default(cls, name)
+    return "required" if default is _REQUIRED else f"default: {_display(default)}"
+
+
+def verbatim_help(text: str | None) -> str | None:
+    """Keep a docstring's own line breaks in --help (Click rewraps paragraphs not marked with \b)."""
+    if not text:
+        return text
+    return "\n\n".join(f"\b\n{paragraph}" for paragraph in text.split("\n\n"))
 
 
 def _metavar(annotation: Any) -> str:

@@ -38,7 +38,7 @@ class ExecuteTrainConfig:
 
     num_nodes: int = field(
         default_factory=_default_num_nodes,
-        metadata={"help": "Nodes the job spans (default: $SLURM_JOB_NUM_NODES or 1)."},
+        metadata={"help": "Nodes the job spans.", "default_help": "$SLURM_JOB_NUM_NODES or 1"},
     )
     cuda_visible_devices: str = field(
         default="",
@@ -59,5 +59,6 @@ class ExecuteTrainConfig:
     )
     run_id: str = field(
         default_factory=create_run_id,
-        metadata={"help": "Names the run directory; naming an earlier run id reuses its directory."},
+        metadata={"help": "Names the run directory; naming an earlier run id reuses its directory.",
+                  "default_help": "a fresh id per run"},
     )

@@ -1,4 +1,6 @@
 import enum
+import sys
+import types
 from dataclasses import dataclass, field
 from typing import Literal, Optional
 
@@ -160,3 +162,29 @@ def test_custom_env_prefix_is_read_and_shown_in_help():
     result = CliRunner().invoke(app, [], env={"MY_TOOL_NUM_ROLLOUT": "11", "MILES_SCRIPT_NUM_ROLLOUT": "5"})
     assert result.exit_code == 0 and seen == [11]
     assert "MY_TOOL_NUM_ROLLOUT" in CliRunner().invoke(app, ["--help"]).output
+
+
+def test_script_help_falls_back_to_the_module_docstring(monkeypatch, capsys):
+    module = types.ModuleType("fake_recipe", "Trains a tiny thing.\n\nExample:\n    python3 run_tiny.py --num-rollout 5\n")
+    monkeypatch.setitem(sys.modules, "fake_recipe", module)
+
+    def main(args: Args):
+        pass
+
+    main.__module__ = "fake_recipe"
+    command = dataclass_cli(main)
+    monkeypatch.setattr(sys, "argv", ["run_tiny.py", "--help"])
+    with pytest.raises(SystemExit) as exit_info:
+        command()
+    assert exit_info.value.code == 0
+    output = capsys.readouterr().out
+    assert "Trains a tiny thing." in output and "python3 run_tiny.py --num-rollout 5" in output
+
+
+def test_verbatim_help_keeps_indented_examples_on_their_own_lines():
+    def main(args: Args):
+        pass
+
+    app = dataclass_cli_app(main, help="Trains a tiny thing.\n\nExample:\n    python3 run_tiny.py --num-rollout 5")
+    output = CliRunner().invoke(app, ["--help"], terminal_width=200).output
+    assert "\n      python3 run_tiny.py --num-rollout 5\n" in output
