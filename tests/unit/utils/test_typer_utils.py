@@ -165,7 +165,8 @@ def test_custom_env_prefix_is_read_and_shown_in_help():
 
 
 def test_script_help_falls_back_to_the_module_docstring(monkeypatch, capsys):
-    module = types.ModuleType("fake_recipe", "Trains a tiny thing.\n\nExample:\n    python3 run_tiny.py --num-rollout 5\n")
+    docstring = "Trains a tiny thing.\n\nExample:\n    python3 run_tiny.py --num-rollout 5\n"
+    module = types.ModuleType("fake_recipe", docstring)
     monkeypatch.setitem(sys.modules, "fake_recipe", module)
 
     def main(args: Args):
