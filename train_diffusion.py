@@ -95,6 +95,10 @@ def train(args: Namespace, plan: BatchPlan) -> int:
     plot_curves(args.run_dir)
     save_image_grid(rollout.last_images, Path(args.run_dir) / "last_rollout.png")
     rollout.shutdown()
+    if trainer is not None:
+        trainer.shutdown()
+    if pg is not None:
+        ray.util.remove_placement_group(pg)
     return 0
 
 

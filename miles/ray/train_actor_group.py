@@ -49,3 +49,8 @@ class TrainActorGroup:
 
     def trained_state(self, rank: int = 0) -> dict:
         return ray.get(self.actors[rank].trained_state.remote())
+
+    def shutdown(self) -> None:
+        for actor in self.actors:
+            ray.kill(actor)
+        self.actors = []

@@ -1,0 +1,49 @@
+"""A private 2-CPU Ray cluster and tiny assets, shared by the trainer tests of this folder."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+import pytest
+
+TINY_FLAGS = (
+    "--rollout-batch-size 2 --n-samples-per-prompt 4 --diffusion-height 64 --diffusion-width 64 "
+    "--diffusion-num-steps 4 --diffusion-num-sde-steps 2 --rm-type color_match --device cpu "
+    "--lr 1e-3 --diffusion-clip-range 1e-2 --diffusion-debug-mode"
+)
+
+
+@pytest.fixture(scope="session")
+def tiny_assets(tmp_path_factory):
+    from miles.models.create_checkpoint import ensure_checkpoint
+    from miles.rollout.prompts import ensure_prompt_file
+
+    root = tmp_path_factory.mktemp("assets")
+    checkpoint = ensure_checkpoint("sd3", "tiny", 0, root)
+    prompts = ensure_prompt_file("tiny", root / "prompts.jsonl", num_prompts=16)
+    return checkpoint, prompts
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """A local cluster of our own (own temp dir, no dashboard); ended with the session."""
+    import ray
+
+    # a short path: Ray's socket names must fit in 107 bytes
+    temp_dir = tempfile.mkdtemp(prefix="mr", dir="/tmp")
+    ray.init(num_cpus=2, include_dashboard=False, _temp_dir=temp_dir, log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": os.getcwd()}})
+    yield ray.get_runtime_context().gcs_address
+    ray.shutdown()
+
+
+@pytest.fixture
+def tiny_argv(tiny_assets):
+    """argv of a tiny CPU run: tiny_argv(run_dir, "--more flags")."""
+    checkpoint, prompts = tiny_assets
+
+    def build(run_dir, extra: str = "") -> list[str]:
+        return f"--hf-checkpoint {checkpoint} --prompt-data {prompts} --run-dir {run_dir} {TINY_FLAGS} {extra}".split()
+
+    return build
