@@ -1,0 +1,77 @@
+"""Two CPU train ranks against one on the same global batch, and the shard each rank trains."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from miles.backends.actor import CPU_THREADS_PER_ACTOR, TrainRank
+from miles.backends.loss import compute_advantages
+from miles.backends.types import RolloutBatch
+from miles.ray.placement import PlacementPlan, Slot
+from miles.ray.rollout_manager import sample_seed
+from miles.rollout.data import PromptDataset
+from miles.rollout.engine import RolloutEngine
+from miles.rollout.rm_hub.pool import LocalRewardScorer
+from miles.rollout.rm_hub.types import RewardSample
+from miles.rollout.types import SampleRequest
+from miles.utils.arguments import parse_and_plan
+from miles.utils.batching import expand_pairs, shard_pairs
+
+
+def one_rollout(args):
+    engine = RolloutEngine.from_args(args, num_threads=CPU_THREADS_PER_ACTOR)
+    items = PromptDataset.from_args(args).next_batch(args.rollout_batch_size)
+    requests = [SampleRequest(it.prompt, g, j, sample_seed(args.rollout_seed, 0, g, j), dict(it.metadata))
+                for g, it in enumerate(items) for j in range(args.n_samples_per_prompt)]
+    steps = [0, 1]
+    trajectories = engine.generate(requests, steps, True)
+    rewards = LocalRewardScorer(args).score([RewardSample(t.prompt, t.image, t.metadata) for t in trajectories])
+    advantages = compute_advantages(torch.tensor(rewards), args.n_samples_per_prompt)
+    return RolloutBatch(0, trajectories, rewards, advantages.tolist(), steps)
+
+
+@pytest.mark.parametrize("mode", ["contiguous", "stride"])
+def test_two_ranks_match_one_rank_and_each_trains_its_own_shard(ray_cluster, tiny_argv, tmp_path, mode):
+    import ray
+
+    from miles.ray.train_actor_group import TrainActorGroup
+
+    common = f"--train-dp-split-mode {mode} --num-rollout 1 --colocate --clip-grad 0"
+    args1, plan1 = parse_and_plan(tiny_argv(tmp_path, f"{common} --actor-num-gpus-per-node 1 --num-gpus-per-node 1"))
+    args2, plan2 = parse_and_plan(tiny_argv(tmp_path, f"{common} --actor-num-gpus-per-node 2 --num-gpus-per-node 2"))
+    batch = one_rollout(args1)
+
+    single = TrainRank(args1, plan1, 0, 1)
+    single.setup()
+    before = single.trained_state()
+    single_metrics = single.train(batch).metrics
+    expected = single.trained_state()
+
+    placement = PlacementPlan([{"CPU": 0.5}, {"CPU": 0.5}], [Slot(0, 0.5, 0.0), Slot(1, 0.5, 0.0)])
+    from miles.ray.placement import create_placement_group
+
+    pg = create_placement_group(placement)
+    group = TrainActorGroup(args2, plan2, placement, pg)
+    try:
+        results = group.train(batch)
+        rank_states = [group.trained_state(r) for r in range(2)]
+    finally:
+        group.shutdown()
+        ray.util.remove_placement_group(pg)
+
+    pairs = expand_pairs(plan2.samples_per_rollout, batch.trained_steps)
+    shards = [r.shard for r in results]
+    assert shards == [shard_pairs(pairs, 2, r, mode) for r in range(2)]
+    assert not set(shards[0]) & set(shards[1]) and sorted(shards[0] + shards[1]) == sorted(pairs)
+    if mode == "contiguous":  # sample-major blocks: rank 0 holds the first half of the samples
+        assert {p.sample for p in shards[0]} == set(range(plan2.samples_per_rollout // 2))
+
+    # after the gradient all-reduce both ranks hold the very same weights
+    for name in expected:
+        assert torch.equal(rank_states[0][name], rank_states[1][name]), name
+    assert any(not torch.equal(before[n], expected[n]) for n in expected), "the step must move the weights"
+    for name, tensor in expected.items():
+        torch.testing.assert_close(rank_states[0][name], tensor, rtol=1e-5, atol=1e-6, msg=name)
+    assert results[0].metrics["train/loss"] == pytest.approx(single_metrics["train/loss"], rel=1e-4, abs=1e-9)
+    assert results[0].metrics["train/grad_norm"] == pytest.approx(single_metrics["train/grad_norm"], rel=1e-4)
