@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from miles.utils.external_utils.local_cluster import HEAD_ROLE, WORKER_ROLE
-from miles.utils.external_utils.processes import LaunchRecord, end_token_processes, pids_with_token
+from miles.utils.external_utils.local_cluster import HEAD_ROLE, WORKER_ROLE, end_recorded_run
+from miles.utils.external_utils.processes import LaunchRecord, pids_with_token
 from miles.utils.external_utils.ray_cluster import free_ports, tcp_reachable
 
 RECIPE = Path(__file__).with_name("example_recipe.py")
@@ -44,10 +44,11 @@ def _tokens(*record_dirs_and_roles):
     return [r.token for r in records if r is not None]
 
 
-def _end_everything(procs, tokens):
-    """Teardown if a test failed halfway: only what these tests started."""
-    for token in tokens:
-        end_token_processes(token, grace_s=5)
+def _end_everything(procs, records):
+    """Teardown: the launchers' records (what a re-run would clean, temp dirs included), then
+    the launchers themselves if a test failed halfway. Only what these tests started."""
+    for output_dir, role in records:
+        end_recorded_run(output_dir, role)
     for proc in procs:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -91,7 +92,7 @@ def test_train_role_waits_for_a_worker_node_and_a_failed_job_exits_non_zero(tmp_
         assert "is gone: leaving" in worker_log.read_text()
         assert len(tokens) == 2 and all(pids_with_token(t) == [] for t in tokens)
     finally:
-        _end_everything(procs, _tokens((out, HEAD_ROLE), (worker_out, WORKER_ROLE)))
+        _end_everything(procs, [(out, HEAD_ROLE), (worker_out, WORKER_ROLE)])
 
 
 @pytest.mark.timeout(300)
@@ -112,7 +113,7 @@ def test_successful_job_exits_0_key_reaches_job_and_cluster_is_ended(tmp_path, t
         assert ray_files and not [p for p in ray_files if SECRET.encode() in p.read_bytes()]
         assert pids_with_token(record.token) == []
     finally:
-        _end_everything([train], _tokens((out, HEAD_ROLE)))
+        _end_everything([train], [(out, HEAD_ROLE)])
 
 
 @pytest.mark.timeout(300)
@@ -128,7 +129,7 @@ def test_sigterm_during_the_job_stops_it_and_ends_the_cluster(tmp_path):
         assert "stopping Ray job" in log_path.read_text()
         assert pids_with_token(LaunchRecord.load(out, HEAD_ROLE).token) == []
     finally:
-        _end_everything([train], _tokens((out, HEAD_ROLE)))
+        _end_everything([train], [(out, HEAD_ROLE)])
 
 
 @pytest.mark.timeout(300)
@@ -152,3 +153,4 @@ def test_external_ray_only_submits_and_leaves_the_cluster_running(tmp_path, trai
         assert pids_with_token(token)  # the cluster we handed it is still up
     finally:
         stop_node(record)
+        end_recorded_run(tmp_path / "cluster", "external-head")  # its temp dir
