@@ -1,0 +1,58 @@
+"""SIGKILL a run's process group after a checkpoint, resume with --load: same weights, same metrics."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from safetensors.torch import load_file
+
+from miles.backends.checkpoint import latest_checkpoint
+
+REPO = Path(__file__).resolve().parents[3]
+FLAGS = "--num-rollout 5 --save-interval 2 --deterministic-mode --actor-num-gpus-per-node 1 --num-gpus-per-node 1 --colocate"
+
+
+def launch(argv: list[str], gcs_address: str, log: Path) -> subprocess.Popen:
+    env = {**os.environ, "RAY_ADDRESS": gcs_address, "PYTHONPATH": str(REPO)}
+    return subprocess.Popen([sys.executable, str(REPO / "train_diffusion.py"), *argv], cwd=REPO, env=env,
+                            stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def finish(proc: subprocess.Popen, log: Path) -> None:
+    assert proc.wait(timeout=900) == 0, log.read_text()[-3000:]
+
+
+def test_killed_run_resumes_at_the_next_rollout_and_ends_like_an_uninterrupted_one(ray_cluster, tiny_argv, tmp_path):
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    finish(launch(tiny_argv(whole, f"{FLAGS} --save {whole}/ckpt"), ray_cluster, tmp_path / "whole.log"),
+           tmp_path / "whole.log")
+
+    argv = tiny_argv(killed, f"{FLAGS} --save {killed}/ckpt")
+    proc = launch(argv, ray_cluster, tmp_path / "first.log")
+    deadline = time.monotonic() + 900
+    while latest_checkpoint(killed / "ckpt") is None:
+        assert proc.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    killed_after = latest_checkpoint(killed / "ckpt")[0]
+    assert killed_after < 4, "the run finished before it could be killed; nothing was tested"
+
+    finish(launch(argv + ["--load", f"{killed}/ckpt"], ray_cluster, tmp_path / "second.log"), tmp_path / "second.log")
+
+    run = json.loads((killed / "run.json").read_text())
+    assert run["resumed"] is True and run["start_rollout_id"] == killed_after + 1
+    assert (killed / "metrics.jsonl").read_bytes() == (whole / "metrics.jsonl").read_bytes()
+    final = latest_checkpoint(killed / "ckpt")
+    assert final[0] == 4 and latest_checkpoint(whole / "ckpt")[0] == 4
+    ours = load_file(str(final[1] / "model_transformer.safetensors"))
+    theirs = load_file(str(latest_checkpoint(whole / "ckpt")[1] / "model_transformer.safetensors"))
+    assert ours.keys() == theirs.keys()
+    assert all((ours[k] == theirs[k]).all() for k in ours)
