@@ -41,9 +41,7 @@ def end_recorded_run(output_dir: str | Path, role: str) -> list[int]:
         return []
     ended = end_token_processes(record.token)
     print(f"cleanup: ended {len(ended)} process(es) left by an earlier {role} run (token {record.token})", flush=True)
-    # only a dir of the shape we create: a hand-edited record must not make us delete anything else
-    if record.ray_temp_dir and record.ray_temp_dir.startswith(_OUR_TEMP_PREFIX):
-        shutil.rmtree(record.ray_temp_dir, ignore_errors=True)
+    _remove_our_temp_dir(record)
     LaunchRecord.path_for(output_dir, role).unlink(missing_ok=True)
     return ended
 
@@ -67,9 +65,19 @@ def start_node(
     record.save(output_dir)
 
 
-def stop_node(record: LaunchRecord) -> None:
+def stop_node(record: LaunchRecord, remove_temp_dir: bool = False) -> None:
+    """End the node's processes. Its temp dir (Ray's logs, spilled objects) goes only when asked:
+    after a failure the logs are worth keeping, until the next run's cleanup."""
     ended = end_token_processes(record.token)
     print(f"ended the Ray node this launcher started ({len(ended)} process(es), token {record.token})", flush=True)
+    if remove_temp_dir:
+        _remove_our_temp_dir(record)
+
+
+def _remove_our_temp_dir(record: LaunchRecord) -> None:
+    # only a dir of the shape we create: a hand-edited record must not make us delete anything else
+    if record.ray_temp_dir and record.ray_temp_dir.startswith(_OUR_TEMP_PREFIX):
+        shutil.rmtree(record.ray_temp_dir, ignore_errors=True)
 
 
 def start_ray_worker(
@@ -98,15 +106,17 @@ def start_ray_worker(
         return 0
     end_recorded_run(output_dir, role)
     record = LaunchRecord(role, token, ray_temp_dir=spec.temp_dir)
+    status = 1
     try:
         start_node(spec, record, output_dir, cuda_visible_devices)
         print(f"joined {head_address} as a Ray node; blocking until interrupted or the head goes away", flush=True)
-        return _block_while_head_alive(head_address, token, poll_s, head_lost_after)
+        status = _block_while_head_alive(head_address, token, poll_s, head_lost_after)
     except KeyboardInterrupt:
         print("interrupted: leaving the cluster", flush=True)
-        return 0
+        status = 0
     finally:
-        stop_node(record)
+        stop_node(record, remove_temp_dir=status == 0)
+    return status
 
 
 def _loopback_if_head_is(head_address: str) -> str | None:

@@ -183,35 +183,41 @@ def _show_dry_run(launch: _Launch, hook: Callable[..., Any] | None) -> None:
 def _run_launch(
     launch: _Launch, config: ExecuteTrainConfig, hook: Callable[..., Any] | None, cluster_wait_timeout: float
 ) -> int:
+    """Returns the job's exit status; the head this started is ended whatever happens."""
     record = None
+    status = 1
     try:
         with _sigterm_as_interrupt():
             if launch.node is not None:
                 end_recorded_run(config.output_dir, HEAD_ROLE)
                 record = LaunchRecord(HEAD_ROLE, launch.token, ray_temp_dir=launch.node.temp_dir)
                 start_node(launch.node, record, config.output_dir, config.cuda_visible_devices, launch.node_secrets)
-            if config.num_nodes > 1:
-                # nodes only: a node registers with all its GPUs at once, and GPU counts may differ
-                # per node (a reward node); a recipe needing a GPU total waits for it in its hook
-                wait_for_cluster_resources(launch.job.address, num_nodes=config.num_nodes,
-                                           timeout=cluster_wait_timeout)
-            if hook is not None:
-                _call_hook(hook, ClusterInfo(launch.job.address, launch.node and launch.node.gcs_address,
-                                             launch.plan.run_dir))
-            print_exec(launch.job.display_command())
-            return submit_and_follow(launch.job)
+            status = _submit_when_ready(launch, config, hook, cluster_wait_timeout)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr, flush=True)
-        return INTERRUPTED_EXIT_CODE
+        status = INTERRUPTED_EXIT_CODE
     except subprocess.CalledProcessError as err:
         print(f"error: command failed with status {err.returncode}: {err.cmd}", file=sys.stderr, flush=True)
-        return 1
     except TimeoutError as err:
         print(f"error: {err}", file=sys.stderr, flush=True)
-        return 1
     finally:
         if record is not None:
-            stop_node(record)
+            stop_node(record, remove_temp_dir=status == 0)
+    return status
+
+
+def _submit_when_ready(
+    launch: _Launch, config: ExecuteTrainConfig, hook: Callable[..., Any] | None, cluster_wait_timeout: float
+) -> int:
+    if config.num_nodes > 1:
+        # nodes only: a node registers with all its GPUs at once, and GPU counts may differ per
+        # node (a reward node); a recipe that needs a GPU total waits for it in its hook
+        wait_for_cluster_resources(launch.job.address, num_nodes=config.num_nodes, timeout=cluster_wait_timeout)
+    if hook is not None:
+        gcs_address = launch.node.gcs_address if launch.node else None
+        _call_hook(hook, ClusterInfo(launch.job.address, gcs_address, launch.plan.run_dir))
+    print_exec(launch.job.display_command())
+    return submit_and_follow(launch.job)
 
 
 def _call_hook(hook: Callable[..., Any], cluster: ClusterInfo) -> None:

@@ -70,7 +70,7 @@ def test_train_role_waits_for_a_worker_node_and_a_failed_job_exits_non_zero(tmp_
     train_log, worker_log = tmp_path / "train.log", tmp_path / "worker.log"
     train = _start(["train", "--output-dir", str(out), "--run-id", "r1", "--num-nodes", "2",
                     "--ray-head-port", str(head_port), "--train-script", str(train_script),
-                    "--extra-env-vars", "TINY_EXIT_CODE=3"], train_log)
+                    "--extra-env-vars", "TINY_EXIT_CODE=3"], train_log, WANDB_API_KEY=SECRET)
     procs = [train]
     try:
         _wait_until(lambda: tcp_reachable("127.0.0.1", head_port), 120, "head never came up")
@@ -81,11 +81,16 @@ def test_train_role_waits_for_a_worker_node_and_a_failed_job_exits_non_zero(tmp_
         tokens = _tokens((out, HEAD_ROLE), (worker_out, WORKER_ROLE))
 
         assert train.wait(timeout=300) == 3, train_log.read_text()[-3000:]
+        head_temp_dir = Path(LaunchRecord.load(out, HEAD_ROLE).ray_temp_dir)
+        assert head_temp_dir.is_dir()  # kept after a failure: Ray's logs
+        # ... and they hold no secret (Ray's runtime-env agent logs runtime envs, values included)
+        ray_files = [p for p in head_temp_dir.rglob("*") if p.is_file() and not p.is_symlink()]
+        assert ray_files and not [p for p in ray_files if SECRET.encode() in p.read_bytes()]
         log = train_log.read_text()
         submitted_at = log.index("EXEC: ray job submit")
         assert log.index("cluster ready: ClusterResources(num_nodes=2") < submitted_at
         assert log.index("before submit: job server http://127.0.0.1:") < submitted_at
-        assert "TINY TRAIN argv: --run-dir" in log and "FAILED" in log
+        assert "TINY TRAIN argv: --run-dir" in log and "FAILED" in log and SECRET not in log
 
         # the head is gone with the train role; the worker notices and leaves on its own
         assert worker.wait(timeout=90) == 0, worker_log.read_text()[-3000:]
@@ -108,10 +113,8 @@ def test_successful_job_exits_0_key_reaches_job_and_cluster_is_ended(tmp_path, t
         record = LaunchRecord.load(out, HEAD_ROLE)
         assert SECRET not in log
         assert not [p for p in out.rglob("*") if p.is_file() and SECRET in p.read_text()]
-        # Ray's own logs (its runtime-env agent logs runtime envs with their values) stay clean too
-        ray_files = [p for p in Path(record.ray_temp_dir).rglob("*") if p.is_file() and not p.is_symlink()]
-        assert ray_files and not [p for p in ray_files if SECRET.encode() in p.read_bytes()]
         assert pids_with_token(record.token) == []
+        assert not Path(record.ray_temp_dir).exists()  # a successful run leaves no Ray temp dir
     finally:
         _end_everything([train], [(out, HEAD_ROLE)])
 
