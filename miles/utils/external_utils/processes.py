@@ -32,7 +32,12 @@ def new_token() -> str:
 
 @dataclass
 class LaunchRecord:
-    """What one launcher role started; enough for a later run to end it."""
+    """What one launcher role started; enough for a later run to end it.
+
+    Cleanup goes by the token. The process groups are recorded for people reading the record,
+    not for killpg: Ray's daemons share the launcher's group, and a recorded group id can be
+    reused by an unrelated process once that launcher is gone.
+    """
 
     role: str
     token: str
