@@ -7,6 +7,7 @@ trainer's weights into every engine in place.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import zlib
 
@@ -24,6 +25,11 @@ from miles.rollout.step_strategy import trained_steps_for_rollout
 from miles.rollout.types import SampleRequest, Trajectory
 
 EVAL_SEED_OFFSET = 10_000_019  # eval noise never coincides with a training rollout's
+
+
+def without_images(trajectories: list[Trajectory]) -> list[Trajectory]:
+    """The trajectories as the trainer needs them: pixels were for the reward and cost transfer time."""
+    return [dataclasses.replace(t, image=torch.empty(0)) for t in trajectories]
 
 
 def sample_seed(rollout_seed: int, rollout_id: int, group: int, sample: int) -> int:
@@ -85,7 +91,8 @@ class RolloutManager:
             "perf/rollout_time": time.perf_counter() - start,
             "perf/reward_time": time.perf_counter() - generated,
         }
-        return RolloutBatch(rollout_id, trajectories, rewards, advantages.tolist(), trained_steps), metrics
+        batch = RolloutBatch(rollout_id, without_images(trajectories), rewards, advantages.tolist(), trained_steps)
+        return batch, metrics
 
     def evaluate(self, rollout_id: int) -> dict[str, float]:
         """Mean reward of deterministic (all-ODE) samples of the eval prompts, one per prompt."""
