@@ -44,6 +44,15 @@ def free_ports(n: int) -> list[int]:
     return ports
 
 
+def _raise_open_files_limit() -> None:
+    """In the `ray start` child: soft RLIMIT_NOFILE up to the hard limit (raylets need many)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
 def _ray_cli() -> list[str]:
     exe = Path(sys.executable).with_name("ray")
     if exe.exists():
@@ -78,13 +87,17 @@ class LocalRayCluster:
         return f"http://127.0.0.1:{self.dashboard_port}"
 
     def env_for_recipe(self) -> dict[str, str]:
-        return {"MILES_SCRIPT_EXTERNAL_RAY": "1", "RAY_ADDRESS": self.address}
+        return {"MILES_SCRIPT_EXTERNAL_RAY": "1", "RAY_ADDRESS": self.address, "RAY_AUTH_MODE": "disabled"}
 
     def _env(self) -> dict[str, str]:
         env = scrubbed_env()
+        env.pop("RAY_ADDRESS", None)
         env[TOKEN_ENV] = self.token
         env["RAY_USAGE_STATS_ENABLED"] = "0"
         env["PYTHONUNBUFFERED"] = "1"
+        # A ~/.ray/auth_token left by any earlier command turns Ray's token auth on for some
+        # processes and not others (a worker then cannot join); this cluster is loopback-only.
+        env.setdefault("RAY_AUTH_MODE", "disabled")
         return env
 
     def _run(self, args: list[str]) -> None:
@@ -93,7 +106,8 @@ class LocalRayCluster:
             log.write(f"$ {' '.join(args)}\n".encode())
             log.flush()
             proc = subprocess.run(args, env=self._env(), stdout=log, stderr=subprocess.STDOUT,
-                                  stdin=subprocess.DEVNULL, timeout=self.start_timeout)
+                                  stdin=subprocess.DEVNULL, timeout=self.start_timeout,
+                                  preexec_fn=_raise_open_files_limit)
         if proc.returncode != 0:
             raise RuntimeError(f"`{' '.join(args)}` failed with {proc.returncode}; see {self.log_path}:\n"
                                + self.log_path.read_text(errors="replace")[-4000:])

@@ -1,0 +1,19 @@
+"""run_diffusion_grpo_sd3_ocr_sglang: the CPU proxy (two rollouts, metrics against the committed standard) and the
+nightly GPU tier.
+"""
+
+from miles.testing import RecipeCase, parametrize_cases
+
+RECIPE = "scripts/run_diffusion_grpo_sd3_ocr_sglang.py"
+LABELS = ('sd3', 'grpo', 'ocr', 'lora')
+METRICS = ("rollout/reward/raw_mean", "train/loss", "train/grad_norm")
+
+CASES = [
+    RecipeCase.cpu(RECIPE, metrics=METRICS, est_time=90, labels=LABELS),
+    RecipeCase.gpu(RECIPE, gpus=2, args=("--scale", "gpu-proxy"), est_time=1200, labels=LABELS),
+]
+
+
+@parametrize_cases(CASES)
+def test_recipe(recipe_case, run_recipe, check_run):
+    check_run(run_recipe(recipe_case))

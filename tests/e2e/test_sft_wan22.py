@@ -1,0 +1,21 @@
+"""run_diffusion_sft_wan22: the CPU proxy (two rollouts, metrics against the committed standard) and the
+nightly GPU tier.
+
+SFT has no rollout engines, so there is no train/rollout parity probe to assert (parity=False).
+"""
+
+from miles.testing import RecipeCase, parametrize_cases
+
+RECIPE = "scripts/run_diffusion_sft_wan22.py"
+LABELS = ('wan22', 'sft', 'lora', 'video')
+METRICS = ("train/loss", "train/grad_norm")
+
+CASES = [
+    RecipeCase.cpu(RECIPE, metrics=METRICS, est_time=90, labels=LABELS, parity=False),
+    RecipeCase.gpu(RECIPE, gpus=4, args=("--scale", "gpu-proxy"), est_time=1200, labels=LABELS, parity=False),
+]
+
+
+@parametrize_cases(CASES)
+def test_recipe(recipe_case, run_recipe, check_run):
+    check_run(run_recipe(recipe_case))
