@@ -111,20 +111,14 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     if report.when == "call" and runs:
         for run in runs:
             write_result_record(results_dir, run.result_record(report.outcome, item.nodeid))
-    elif report.when == "setup" and report.outcome != "passed":
-        reason = ""
-        if report.skipped and isinstance(report.longrepr, tuple):
-            reason = report.longrepr[2]
-        write_result_record(results_dir, {
-            "nodeid": item.nodeid, "name": case.name, "outcome": report.outcome,
-            "wall_time": 0.0, "run_json": None, "throughput": None, "peak_memory": None,
-            "reason": reason or str(report.longrepr)[-2000:],
-        })
-    elif report.when == "call" and not runs:
-        write_result_record(results_dir, {
-            "nodeid": item.nodeid, "name": case.name, "outcome": report.outcome,
-            "wall_time": report.duration, "run_json": None, "throughput": None, "peak_memory": None,
-        })
+    elif (report.when == "setup" and report.outcome != "passed") or (report.when == "call" and not runs):
+        reason = report.longrepr[2] if report.skipped and isinstance(report.longrepr, tuple) else ""
+        record = {"nodeid": item.nodeid, "name": case.name, "outcome": report.outcome,
+                  "wall_time": round(report.duration, 3), "run_json": None, "throughput": None,
+                  "peak_memory": None}
+        if report.outcome != "passed":
+            record["reason"] = reason or str(report.longrepr)[-2000:]
+        write_result_record(results_dir, record)
 
 
 # -- fixtures ---------------------------------------------------------------------------
@@ -274,11 +268,11 @@ def gpu_lease(request: pytest.FixtureRequest):
 
 @pytest.fixture
 def ray_cluster(tmp_path: Path):
-    """`ray_cluster(nodes=2, cpus_per_node=2, token=None)`: a fresh Ray cluster on loopback with
+    """`ray_cluster(nodes=2, cpus_per_node=4, token=None)`: a fresh Ray cluster on loopback with
     ports and a temp dir of its own; torn down (by token) after the test."""
     clusters: list[LocalRayCluster] = []
 
-    def make(nodes: int = 2, cpus_per_node: int = 2, token: str | None = None) -> LocalRayCluster:
+    def make(nodes: int = 2, cpus_per_node: int = 4, token: str | None = None) -> LocalRayCluster:
         cluster = LocalRayCluster(nodes=nodes, cpus_per_node=cpus_per_node, token=token or new_token())
         clusters.append(cluster)
         return cluster.start()
