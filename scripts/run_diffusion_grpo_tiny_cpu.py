@@ -5,7 +5,7 @@ What it trains:
     CLIP text encoder with our tokenizer, a small VAE; a few MB) learns with Flow-GRPO to paint
     the colour its prompt names ("a red ball", "a plain cyan background"). The reward is the
     built-in `color_match`: 1 minus the distance of the image's mean colour to the named one. It
-    needs no model, so the reward curve rises within a few minutes on a laptop.
+    needs no model, so a whole rollout (sample, score, train, sync) takes seconds on a laptop CPU.
 
 Prerequisites:
     None. `prepare()` creates the checkpoint under --model-dir and the prompt file under
