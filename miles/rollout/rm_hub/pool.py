@@ -71,6 +71,9 @@ class RewardWorker:
 def _actor_options(args: Any, placement_group: Any, bundle_index: int | None,
                    runtime_env: dict[str, Any] | None) -> dict[str, Any]:
     gpus = float(getattr(args, "rm_num_gpus_per_worker", 0.0) or 0.0)
+    if getattr(args, "device", "cuda") == "cpu":
+        # on a CPU job the layout's "GPUs" are CPU worker slots: asking Ray for a GPU would hang
+        gpus = 0.0
     options: dict[str, Any] = {"num_cpus": CPU_PER_WORKER, "num_gpus": gpus}
     if runtime_env:
         options["runtime_env"] = runtime_env

@@ -50,3 +50,10 @@ def test_workers_ask_for_a_quarter_cpu_and_the_configured_gpu_share(make_args):
     assert _actor_options(make_args(rm_num_gpus_per_worker=0.0), None, None, None) == {"num_cpus": 0.25, "num_gpus": 0.0}
     assert _actor_options(make_args(rm_num_gpus_per_worker=0.5), None, None, {"env_vars": {"A": "1"}}) == {
         "num_cpus": 0.25, "num_gpus": 0.5, "runtime_env": {"env_vars": {"A": "1"}}}
+
+
+def test_workers_of_a_cpu_job_ask_for_no_gpu_whatever_the_gpu_share(make_args):
+    from miles.rollout.rm_hub.pool import _actor_options
+
+    options = _actor_options(make_args(rm_num_gpus_per_worker=1.0, device="cpu"), None, None, None)
+    assert options["num_gpus"] == 0.0
