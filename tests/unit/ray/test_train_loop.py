@@ -46,3 +46,17 @@ def test_two_deterministic_runs_write_identical_metrics(ray_cluster, tiny_argv, 
     assert b"perf/" not in first and b"train/loss" in first
     for name in ("run.json", "perf.jsonl", "curves.png", "last_rollout.png"):
         assert (tmp_path / "a" / name).exists(), name
+
+
+def test_skipped_optimizer_steps_keep_parity_and_eval_runs_on_its_interval(ray_cluster, tiny_argv, tmp_path):
+    rows = run(tiny_argv, tmp_path, f"{RANKS[1]} --num-rollout 2 --debug-skip-optimizer-step "
+                                    "--eval-interval 2 --eval-num-prompts 2")
+    assert [r["train/model_output_max_abs_diff"] for r in rows] == [0.0, 0.0]
+    assert rows[0]["train/grad_norm"] > 0
+    assert "eval/reward/raw_mean" not in rows[0] and 0.0 <= rows[1]["eval/reward/raw_mean"] <= 1.0
+
+
+def test_rollout_only_generates_and_scores_without_training(ray_cluster, tiny_argv, tmp_path):
+    rows = run(tiny_argv, tmp_path, "--num-rollout 2 --debug-rollout-only --start-rollout-id 3 --num-rollout 5")
+    assert [r["rollout_id"] for r in rows] == [3, 4]
+    assert all("rollout/reward/raw_mean" in r and "train/loss" not in r for r in rows)
