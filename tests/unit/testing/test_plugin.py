@@ -48,6 +48,12 @@ HANGING_RECIPE = textwrap.dedent('''
 ''')
 
 
+@pytest.fixture(autouse=True)
+def _own_results_dir(monkeypatch):
+    """Inner pytest runs must not write records into an outer CI run's MILES_RESULTS_DIR."""
+    monkeypatch.delenv("MILES_RESULTS_DIR", raising=False)
+
+
 def scratch_repo(pytester, recipe_body, timeout=60, metrics=("train/loss",)):
     pytester.mkdir("scripts")
     (pytester.path / "scripts" / "run_fixture.py").write_text(recipe_body)
