@@ -82,8 +82,9 @@ class TrainRank:
                                     rank=self.rank, world_size=self.world_size)
         self.model = load_model(args.hf_checkpoint, family=args.diffusion_model_family, device=self.device,
                                 dtype=torch_dtype(args.param_dtype))
-        for name in [n for n, m in self.model.parts.items() if n not in self.model.transformers and m is not None]:
-            if args.loss_type != "sft_loss":  # rollouts carry their conditioning; only SFT encodes
+        if args.loss_type != "sft_loss":  # rollouts carry their conditioning; only SFT encodes prompts
+            # the VAE stays: some families' forwards read its compression ratios (LTX's rope scale)
+            for name in [n for n in self.model.parts if n.startswith(("text_encoder", "tokenizer"))]:
                 self.model.parts[name] = None
         self.components = sync_components(self.model.spec.transformer_components, args.update_weight_target_module)
         self.lora: LoraSpec | None = lora_spec_from_args(args, self.model.spec)
