@@ -33,12 +33,11 @@ def train(args: Namespace, plan: BatchPlan) -> int:
 
     from miles.backends import checkpoint as ckpt
     from miles.backends.metrics import MetricsLogger, Progress, init_wandb, log, plot_curves, save_image_grid, write_run_json
+    from miles.backends.sft import SFTSource
     from miles.ray.placement import create_placement_group, plan_placement
     from miles.ray.rollout_manager import RolloutManager
     from miles.ray.train_actor_group import TrainActorGroup
 
-    if args.train_only or args.loss_type == "sft_loss":
-        raise NotImplementedError("sft_loss / --train-only training is not implemented yet (issue 5)")
     args.run_dir = args.run_dir or f"runs/{time.strftime('%Y%m%d-%H%M%S')}"
     # set before the first actor starts: cuBLAS reads it at initialisation
     runtime_env = {"env_vars": {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}} if args.deterministic_mode else None
@@ -49,7 +48,8 @@ def train(args: Namespace, plan: BatchPlan) -> int:
     placement = plan_placement(args, ray.cluster_resources().get("CPU"))
     pg = create_placement_group(placement)
     trainer = None if args.debug_rollout_only else TrainActorGroup(args, plan, placement, pg, runtime_env)
-    rollout = RolloutManager(args, placement, pg, runtime_env)
+    # sft_loss (--train-only): dataset items stand in for rollouts; no engines, no rewards, no weight pushes
+    rollout = SFTSource(args) if args.loss_type == "sft_loss" else RolloutManager(args, placement, pg, runtime_env)
     if trainer is not None and (lora := trainer.lora_spec()) is not None:
         rollout.apply_lora(lora, trainer.components())
 

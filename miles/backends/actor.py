@@ -32,6 +32,7 @@ from miles.backends.loss import (
 )
 from miles.backends.lora import LoraSpec, adapters_disabled, attach_lora, lora_spec_from_args
 from miles.backends.optimizer import build_optimizer, clip_gradients, learning_rate, set_learning_rate
+from miles.backends.sft import SFTBatch, SFTRankStep
 from miles.backends.types import RolloutBatch, TrainResult
 from miles.backends.weight_sync import WeightUpdate, collect_weight_updates, sync_components
 from miles.rollout.sde import largest_sigma_below_one, sde_step
@@ -104,13 +105,16 @@ class TrainRank:
         self.optimizer = build_optimizer(list(self.params.values()), args)
         self.ema = EMA(self.params, args.ema_decay) if args.use_ema else None
         self.custom_loss = load_custom_loss(args.custom_loss_function_path) if args.custom_loss_function_path else None
+        self.sft = SFTRankStep(self) if args.loss_type == "sft_loss" else None
 
     def lora_spec(self) -> LoraSpec | None:
         return self.lora
 
     # -- one rollout --------------------------------------------------------------------------
 
-    def train(self, batch: RolloutBatch) -> TrainResult:
+    def train(self, batch: RolloutBatch | SFTBatch) -> TrainResult:
+        if isinstance(batch, SFTBatch):  # sft_loss: dataset items, not rollouts (miles.backends.sft)
+            return self.sft.train(batch)
         args = self.args
         start = time.perf_counter()
         schedule = rank_schedule(self.plan, batch.trained_steps, self.rank)

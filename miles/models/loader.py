@@ -174,6 +174,23 @@ class DiffusionModel:
             for i in range(latents.shape[0])
         ])
 
+    @torch.no_grad()
+    def encode_images(self, pixels: torch.Tensor) -> torch.Tensor:
+        """The inverse of `decode`: [B, 3, H, W] (video: [B, F, 3, H, W]) in [0, 1] -> [B, ...] fp32
+        latents in the transformer's layout, on the model's device.
+
+        The VAE posterior's mean, one sample at a time (like `decode`), so a sample's latents do
+        not depend on the batch it is encoded in and the same pixels always give the same latents.
+        """
+        expected = 5 if self.spec.is_video else 4
+        if pixels.ndim != expected:
+            layout = "[B, F, 3, H, W]" if self.spec.is_video else "[B, 3, H, W]"
+            raise ValueError(f"{self.family} encodes {layout} pixels, got shape {list(pixels.shape)}")
+        return torch.cat([
+            self.spec.module.encode_images(self.parts, pixels[i : i + 1].to(self.device)).float()
+            for i in range(pixels.shape[0])
+        ])
+
     # -- weights ------------------------------------------------------------------------------
 
     def apply_lora(self, rank: int, alpha: float | None = None, target_modules: list[str] | None = None,

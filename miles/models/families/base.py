@@ -61,6 +61,12 @@ class FamilyModule:
         """Latents [B, ...] -> images [B, 3, H, W] (or videos [B, F, 3, H, W]) in [0, 1]."""
         raise NotImplementedError
 
+    def encode_images(self, parts: dict[str, Any], pixels: torch.Tensor) -> torch.Tensor:
+        """The inverse of `decode`: images [B, 3, H, W] (videos [B, F, 3, H, W]) in [0, 1] -> latents
+        [B, ...] in the transformer's layout, normalised as `decode` expects. The VAE posterior's mean
+        is used (no sampling), so the same pixels always give the same latents."""
+        raise NotImplementedError
+
 
 def tokenize(tokenizer, prompts: list[str], cap: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     """Token ids and mask, padded to a fixed length so every prompt's tensors have one shape."""
@@ -80,6 +86,18 @@ def encode_with_mask(parts, prompts, cap, encoder="text_encoder", tokenizer="tok
 
 def to_unit_range(pixels: torch.Tensor) -> torch.Tensor:
     return (pixels.float() / 2 + 0.5).clamp(0, 1)
+
+
+def from_unit_range(pixels: torch.Tensor, like: torch.Tensor | None = None) -> torch.Tensor:
+    """[0, 1] pixels -> the VAE's [-1, 1] input (in `like`'s dtype when given)."""
+    out = pixels.float().clamp(0, 1) * 2 - 1
+    return out if like is None else out.to(like.dtype)
+
+
+def posterior_mean(encoded) -> torch.Tensor:
+    """The mean of a diffusers VAE's `encode` output (AutoencoderKLOutput or a tuple of it)."""
+    dist = encoded.latent_dist if hasattr(encoded, "latent_dist") else encoded[0]
+    return dist.mean
 
 
 def timesteps(sigma: torch.Tensor, x: torch.Tensor, scale: float = 1000.0) -> torch.Tensor:

@@ -8,7 +8,7 @@ a released Cosmos checkpoint's EDM-style preconditioning is not reproduced here.
 from __future__ import annotations
 
 from miles.models.families.base import ComponentSpec, FamilyModule, encode_with_mask
-from miles.models.families.wan2_2 import wan_decode, wan_latent_shape, wan_vae
+from miles.models.families.wan2_2 import wan_decode, wan_encode, wan_latent_shape, wan_vae
 from miles.models.tokenizer import EOS_ID, PAD_ID, vocabulary
 
 
@@ -62,3 +62,6 @@ class Cosmos3(FamilyModule):
 
     def decode(self, parts, latents):
         return wan_decode(parts["vae"], latents.unsqueeze(2))[:, 0]
+
+    def encode_images(self, parts, pixels):
+        return wan_encode(parts["vae"], pixels.unsqueeze(1))[:, :, 0]

@@ -6,7 +6,9 @@ rotary embedding; latents stay [C, f, h, w] everywhere else.
 
 from __future__ import annotations
 
-from miles.models.families.base import ComponentSpec, FamilyModule, encode_with_mask, timesteps, to_unit_range
+from miles.models.families.base import (
+    ComponentSpec, FamilyModule, encode_with_mask, from_unit_range, posterior_mean, timesteps, to_unit_range,
+)
 from miles.models.tokenizer import EOS_ID, PAD_ID, vocabulary
 
 FRAME_RATE = 25  # what LTXPipeline assumes by default; enters the temporal rope scale
@@ -69,3 +71,10 @@ class LTX(FamilyModule):
         std = vae.latents_std.view(1, -1, 1, 1, 1).to(latents)
         z = (latents * std / vae.config.scaling_factor + mean).to(vae.dtype)
         return to_unit_range(vae.decode(z, return_dict=False)[0]).permute(0, 2, 1, 3, 4)
+
+    def encode_images(self, parts, pixels):
+        vae = parts["vae"]
+        z = posterior_mean(vae.encode(from_unit_range(pixels, vae).permute(0, 2, 1, 3, 4), return_dict=True)).float()
+        mean = vae.latents_mean.view(1, -1, 1, 1, 1).to(z)
+        std = vae.latents_std.view(1, -1, 1, 1, 1).to(z)
+        return (z - mean) * vae.config.scaling_factor / std

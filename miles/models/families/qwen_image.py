@@ -8,7 +8,9 @@ is a quality detail we leave out, the tensors' meaning is the same.
 
 from __future__ import annotations
 
-from miles.models.families.base import ComponentSpec, FamilyModule, encode_with_mask, to_unit_range
+from miles.models.families.base import (
+    ComponentSpec, FamilyModule, encode_with_mask, from_unit_range, posterior_mean, to_unit_range,
+)
 from miles.models.tokenizer import BOS_ID, EOS_ID, PAD_ID, vocabulary
 
 
@@ -73,3 +75,10 @@ class QwenImage(FamilyModule):
         std = latents.new_tensor(vae.config.latents_std).view(1, -1, 1, 1)
         z = (latents * std + mean).unsqueeze(2).to(vae.dtype)
         return to_unit_range(vae.decode(z, return_dict=False)[0][:, :, 0])
+
+    def encode_images(self, parts, pixels):
+        vae = parts["vae"]
+        z = posterior_mean(vae.encode(from_unit_range(pixels, vae).unsqueeze(2), return_dict=True))[:, :, 0].float()
+        mean = z.new_tensor(vae.config.latents_mean).view(1, -1, 1, 1)
+        std = z.new_tensor(vae.config.latents_std).view(1, -1, 1, 1)
+        return (z - mean) / std

@@ -10,7 +10,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from miles.models.families.base import ComponentSpec, FamilyModule, timesteps, to_unit_range, tokenize
+from miles.models.families.base import (
+    ComponentSpec, FamilyModule, from_unit_range, posterior_mean, timesteps, to_unit_range, tokenize,
+)
 from miles.models.tokenizer import BOS_ID, EOS_ID, PAD_ID, vocabulary
 
 _CLIPS = (("text_encoder", "tokenizer"), ("text_encoder_2", "tokenizer_2"))
@@ -94,3 +96,8 @@ class SD3(FamilyModule):
         vae = parts["vae"]
         z = latents.to(vae.dtype) / vae.config.scaling_factor + (vae.config.shift_factor or 0.0)
         return to_unit_range(vae.decode(z, return_dict=False)[0])
+
+    def encode_images(self, parts, pixels):
+        vae = parts["vae"]
+        z = posterior_mean(vae.encode(from_unit_range(pixels, vae), return_dict=True)).float()
+        return (z - (vae.config.shift_factor or 0.0)) * vae.config.scaling_factor

@@ -6,7 +6,9 @@ which one runs is decided in `DiffusionModel.expert_for`, from miles.utils.sched
 
 from __future__ import annotations
 
-from miles.models.families.base import ComponentSpec, FamilyModule, encode_with_mask, timesteps, to_unit_range
+from miles.models.families.base import (
+    ComponentSpec, FamilyModule, encode_with_mask, from_unit_range, posterior_mean, timesteps, to_unit_range,
+)
 from miles.models.tokenizer import EOS_ID, PAD_ID, vocabulary
 
 
@@ -31,6 +33,15 @@ def wan_decode(vae, latents):
     std = latents.new_tensor(vae.config.latents_std).view(1, -1, 1, 1, 1)
     video = vae.decode((latents * std + mean).to(vae.dtype), return_dict=False)[0]
     return to_unit_range(video).permute(0, 2, 1, 3, 4)
+
+
+def wan_encode(vae, videos):
+    """[B, F, 3, H, W] in [0, 1] -> [B, z, f, h, w], normalised as `wan_decode` undoes."""
+    x = from_unit_range(videos, vae).permute(0, 2, 1, 3, 4)
+    z = posterior_mean(vae.encode(x, return_dict=True)).float()
+    mean = z.new_tensor(vae.config.latents_mean).view(1, -1, 1, 1, 1)
+    std = z.new_tensor(vae.config.latents_std).view(1, -1, 1, 1, 1)
+    return (z - mean) / std
 
 
 class Wan22(FamilyModule):
@@ -73,3 +84,6 @@ class Wan22(FamilyModule):
 
     def decode(self, parts, latents):
         return wan_decode(parts["vae"], latents)
+
+    def encode_images(self, parts, pixels):
+        return wan_encode(parts["vae"], pixels)
