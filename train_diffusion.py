@@ -49,7 +49,8 @@ def train(args: Namespace, plan: BatchPlan) -> int:
     pg = create_placement_group(placement)
     trainer = None if args.debug_rollout_only else TrainActorGroup(args, plan, placement, pg, runtime_env)
     # sft_loss (--train-only): dataset items stand in for rollouts; no engines, no rewards, no weight pushes
-    rollout = SFTSource(args) if args.loss_type == "sft_loss" else RolloutManager(args, placement, pg, runtime_env)
+    sft = args.loss_type == "sft_loss"
+    rollout = SFTSource(args) if sft else RolloutManager(args, placement, pg, runtime_env)
     if trainer is not None and (lora := trainer.lora_spec()) is not None:
         rollout.apply_lora(lora, trainer.components())
 
@@ -59,7 +60,8 @@ def train(args: Namespace, plan: BatchPlan) -> int:
         last_id, path = found
         if trainer is not None:
             trainer.load(str(path))
-            rollout.update_weights(trainer.weight_update_refs())  # the engines start from the loaded weights
+            if not sft:
+                rollout.update_weights(trainer.weight_update_refs())  # the engines start from the loaded weights
         rollout.load_state_dict(torch.load(path / "driver.pt", weights_only=False)["rollout"])
         start_id = args.start_rollout_id if args.start_rollout_id is not None else last_id + 1
         resumed = True
@@ -76,7 +78,7 @@ def train(args: Namespace, plan: BatchPlan) -> int:
         batch, metrics = rollout.generate(rollout_id)
         if trainer is not None:
             metrics.update(trainer.train(batch)[0].metrics)
-            if rollout_id != args.debug_skip_weight_update_at:
+            if not sft and rollout_id != args.debug_skip_weight_update_at:
                 rollout.update_weights(trainer.weight_update_refs())
         if args.eval_interval and (rollout_id + 1) % args.eval_interval == 0:
             metrics.update(rollout.evaluate(rollout_id))

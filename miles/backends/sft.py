@@ -73,10 +73,7 @@ class SFTSource:
         return {}  # eval samples images, which needs engines; SFT runs none
 
     def apply_lora(self, spec, components) -> None:
-        pass
-
-    def update_weights(self, updates) -> None:
-        pass
+        pass  # no engines to mirror the adapters
 
     def state_dict(self) -> dict:
         return {"sft_dataset": self.dataset.state_dict()}
