@@ -5,6 +5,10 @@
 Every component is initialised from its own seed (derived from the run seed and the component
 name), saved with its own `save_pretrained`, into a temporary directory that is renamed into place
 only when complete. The same arguments write the same bytes.
+
+At size `tiny` the VAE is not left random: `miles.models.vae_fit` trains it for a few seconds into
+a small autoencoder of synthetic images (deterministically), so that decoded images, and the
+colour/brightness rewards on them, respond to the latents.
 """
 
 from __future__ import annotations
@@ -24,12 +28,19 @@ from miles.models.families.base import ComponentSpec
 from miles.models.registry import get_family
 from miles.models.runtime import quiet_libraries
 from miles.models.tokenizer import build_tokenizer
+from miles.models.vae_fit import FIT_VERSION, FITTED_VAES, fit_vae
 
 SIZES = ("tiny", "proxy")
 
 
 def checkpoint_name(family: str, size: str, seed: int) -> str:
     return f"miles-{family}-{size}-seed{seed}"
+
+
+def vae_fit_marker(family: str, size: str) -> int | None:
+    """What `_miles_vae_fit` in model_index.json says for a checkpoint built now (None: not fitted)."""
+    vae = get_family(family).module.components(size).get("vae")
+    return FIT_VERSION if size == "tiny" and vae is not None and vae.class_name in FITTED_VAES else None
 
 
 def build_component(spec: ComponentSpec, seed: int):
@@ -52,9 +63,14 @@ def _write_checkpoint(family: str, size: str, seed: int, out: Path) -> None:
     index: dict = {"_class_name": spec.pipeline_class, "_diffusers_version": diffusers_version, "_miles_family": family}
     if spec.boundary_ratio is not None:
         index["boundary_ratio"] = spec.boundary_ratio
+    if vae_fit_marker(family, size) is not None:
+        index["_miles_vae_fit"] = vae_fit_marker(family, size)
     for name, component in components.items():
         # the seed of a component does not depend on which other components exist
-        built = build_component(component, seed=(seed * 1_000_003 + zlib.crc32(name.encode())) % 2**63)
+        component_seed = (seed * 1_000_003 + zlib.crc32(name.encode())) % 2**63
+        built = build_component(component, seed=component_seed)
+        if size == "tiny" and name == "vae" and component.class_name in FITTED_VAES:
+            fit_vae(built, seed=component_seed)
         built.save_pretrained(out / name)
         index[name] = [component.library, component.class_name]
     scheduler = FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=spec.default_shift)
@@ -83,14 +99,27 @@ def create_checkpoint(family: str, size: str, seed: int, out: str | os.PathLike,
 
 
 def ensure_checkpoint(family: str, size: str, seed: int, root: str | os.PathLike) -> Path:
-    """`<root>/miles-<family>-<size>-seed<seed>`, created on first use; safe across processes."""
+    """`<root>/miles-<family>-<size>-seed<seed>`, created on first use; safe across processes.
+
+    A cached checkpoint built before its VAE was fitted (or by another fit version) is rebuilt."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     path = root / checkpoint_name(family, size, seed)
     with FileLock(str(path) + ".lock"):
-        if not (path / "model_index.json").is_file():
+        if not _is_current(path, family, size):
             create_checkpoint(family, size, seed, path, overwrite=True)
     return path
+
+
+def _is_current(path: Path, family: str, size: str) -> bool:
+    index_file = path / "model_index.json"
+    if not index_file.is_file():
+        return False
+    try:
+        index = json.loads(index_file.read_text())
+    except (OSError, json.JSONDecodeError):
+        return False
+    return index.get("_miles_vae_fit") == vae_fit_marker(family, size)
 
 
 def main(argv: list[str] | None = None) -> None:
