@@ -59,23 +59,25 @@ class _Scale:
     num_rollout: int
     save_interval: Optional[int]  # None: no checkpoints
     deterministic: bool
+    lr: float  # LoRA starts at zero: a proxy's few steps need a large rate and no warmup to move at all
+    lr_warmup_steps: int
 
 
 _SCALES: dict[str, _Scale] = {
     "full": _Scale(
         checkpoint_size=None, device="cuda", dtype="bfloat16", train_ranks=4, height=480, width=832, frames=33,
         num_steps=20, items_per_rollout=32, tile_items=4, num_items=256, num_rollout=500, save_interval=50,
-        deterministic=False,
+        deterministic=False, lr=1e-4, lr_warmup_steps=20,
     ),
     "gpu-proxy": _Scale(
         checkpoint_size="proxy", device="cuda", dtype="bfloat16", train_ranks=4, height=256, width=256, frames=9,
         num_steps=10, items_per_rollout=16, tile_items=2, num_items=32, num_rollout=4, save_interval=None,
-        deterministic=True,
+        deterministic=True, lr=1e-3, lr_warmup_steps=0,
     ),
     "cpu-proxy": _Scale(
         checkpoint_size="tiny", device="cpu", dtype="float32", train_ranks=2, height=64, width=64, frames=5,
         num_steps=6, items_per_rollout=8, tile_items=2, num_items=16, num_rollout=2, save_interval=None,
-        deterministic=True,
+        deterministic=True, lr=3e-3, lr_warmup_steps=0,
     ),
 }
 
@@ -160,7 +162,7 @@ def execute(args: ScriptArgs, assets: Assets) -> None:
     grpo_args = "--loss-type sft_loss --num-steps-per-rollout 2 "
 
     optimizer_args = (
-        "--lr 1e-4 --lr-warmup-steps 20 --lr-decay-style cosine --min-lr 1e-5 "
+        f"--lr {scale.lr} --lr-warmup-steps {scale.lr_warmup_steps} --lr-decay-style cosine --min-lr 1e-5 "
         "--adam-beta1 0.9 --adam-beta2 0.999 --weight-decay 1e-4 --clip-grad 1.0 "
     )
 
