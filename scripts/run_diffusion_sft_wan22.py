@@ -59,7 +59,7 @@ class _Scale:
     num_rollout: int
     save_interval: Optional[int]  # None: no checkpoints
     deterministic: bool
-    lr: float  # LoRA starts at zero: a proxy's few steps need a large rate and no warmup to move at all
+    lr: str  # LoRA starts at zero: a proxy's few steps need a large rate and no warmup to move at all
     lr_warmup_steps: int
 
 
@@ -67,17 +67,17 @@ _SCALES: dict[str, _Scale] = {
     "full": _Scale(
         checkpoint_size=None, device="cuda", dtype="bfloat16", train_ranks=4, height=480, width=832, frames=33,
         num_steps=20, items_per_rollout=32, tile_items=4, num_items=256, num_rollout=500, save_interval=50,
-        deterministic=False, lr=1e-4, lr_warmup_steps=20,
+        deterministic=False, lr="1e-4", lr_warmup_steps=20,
     ),
     "gpu-proxy": _Scale(
         checkpoint_size="proxy", device="cuda", dtype="bfloat16", train_ranks=4, height=256, width=256, frames=9,
         num_steps=10, items_per_rollout=16, tile_items=2, num_items=32, num_rollout=4, save_interval=None,
-        deterministic=True, lr=1e-3, lr_warmup_steps=0,
+        deterministic=True, lr="1e-3", lr_warmup_steps=0,
     ),
     "cpu-proxy": _Scale(
         checkpoint_size="tiny", device="cpu", dtype="float32", train_ranks=2, height=64, width=64, frames=5,
         num_steps=6, items_per_rollout=8, tile_items=2, num_items=16, num_rollout=2, save_interval=None,
-        deterministic=True, lr=3e-3, lr_warmup_steps=0,
+        deterministic=True, lr="3e-3", lr_warmup_steps=0,
     ),
 }
 
