@@ -121,7 +121,22 @@ class LocalRayCluster:
             args += [flag, str(port)]
         return args
 
-    def start(self) -> "LocalRayCluster":
+    def start(self, attempts: int = 2) -> "LocalRayCluster":
+        """Start the nodes; a failed start is retried on fresh ports.
+
+        Free ports are picked, released, then bound by Ray, so a concurrent test can take one in
+        between: a second attempt with new ports gets past that race.
+        """
+        for attempt in range(attempts):
+            try:
+                return self._start_once()
+            except RuntimeError:
+                if attempt == attempts - 1:
+                    raise
+                self.temp_dir, self.log_path, self._owned_temp = None, None, False
+        return self
+
+    def _start_once(self) -> "LocalRayCluster":
         if self.temp_dir is None:
             # Short: Ray puts Unix sockets under it and socket paths are limited to 107 bytes.
             self.temp_dir = Path(tempfile.mkdtemp(prefix="mrc-", dir="/tmp"))
@@ -157,8 +172,10 @@ class LocalRayCluster:
             if self.alive_nodes() >= self.nodes:
                 return
             time.sleep(0.5)
+        # the log goes into the message: stop() removes the temp dir that holds it
+        tail = self.log_path.read_text(errors="replace")[-4000:] if self.log_path and self.log_path.exists() else ""
         raise RuntimeError(f"Ray cluster did not report {self.nodes} alive nodes within "
-                           f"{self.start_timeout:.0f}s; see {self.log_path}")
+                           f"{self.start_timeout:.0f}s; log tail:\n{tail}")
 
     def stop(self) -> tuple[list[str], list[str]]:
         """End every daemon of the cluster (found by token). Returns (ended, survivors)."""

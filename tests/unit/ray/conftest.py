@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
 
 import pytest
 
@@ -26,16 +24,9 @@ def tiny_assets(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def ray_cluster():
-    """A local cluster of our own (own temp dir, no dashboard); ended with the session."""
-    import ray
-
-    # a short path: Ray's socket names must fit in 107 bytes
-    temp_dir = tempfile.mkdtemp(prefix="mr", dir="/tmp")
-    ray.init(num_cpus=2, include_dashboard=False, _temp_dir=temp_dir, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": os.getcwd()}})
-    yield ray.get_runtime_context().gcs_address
-    ray.shutdown()
+def ray_cluster(local_ray):
+    """The worker's local cluster (tests/unit/conftest.py); its GCS address."""
+    return local_ray.get_runtime_context().gcs_address
 
 
 @pytest.fixture

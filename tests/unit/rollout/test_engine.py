@@ -1,6 +1,4 @@
 import os
-import shutil
-import tempfile
 from types import SimpleNamespace
 
 import pytest
@@ -69,17 +67,14 @@ def test_cpu_engines_ask_ray_for_a_fraction_of_a_cpu_and_gpu_engines_for_their_g
     assert engine_actor_options(_args(checkpoint(), device="cuda", rollout_num_gpus_per_engine=2))["num_gpus"] == 2
 
 
-def test_ray_actor_engine_returns_the_same_trajectories_as_a_local_engine(checkpoint):
-    ray = pytest.importorskip("ray")
-    temp_dir = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: Ray's socket paths have a length limit
-    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, _temp_dir=temp_dir)
+def test_ray_actor_engine_returns_the_same_trajectories_as_a_local_engine(checkpoint, local_ray):
+    ray = local_ray
+    actor = create_engine_actor(_args(checkpoint()), num_threads=1)
     try:
-        actor = create_engine_actor(_args(checkpoint()), num_threads=1)
         assert ray.get(actor.ready.remote()) == "sd3"
         remote = ray.get(actor.generate.remote(_requests(), [0, 1], True))
     finally:
-        ray.shutdown()
-        shutil.rmtree(temp_dir, ignore_errors=True)
+        ray.kill(actor)
     local = RolloutEngine(checkpoint(), SamplingParams.from_args(_args(checkpoint())), num_threads=1).generate(_requests(), [0, 1], True)
     for r, l in zip(remote, local):
         assert torch.equal(r.latents, l.latents) and torch.equal(r.log_probs, l.log_probs)

@@ -1,6 +1,7 @@
 """The plugin as users meet it: pytest runs in a scratch repository (pytester), loaded with -p."""
 
 import json
+import re
 import shutil
 import textwrap
 from pathlib import Path
@@ -169,7 +170,7 @@ def copy_repo(pytester, recipes):
 
 
 def test_new_recipe_with_non_dividing_pair_shards_fails_its_dry_check_with_no_test_edit(pytester):
-    bad = TINY.read_text().replace("--num-steps-per-rollout 1 ", "--num-steps-per-rollout 3 ")
+    bad = re.sub(r"--num-steps-per-rollout \d+ ", "--num-steps-per-rollout 3 ", TINY.read_text())
     assert bad != TINY.read_text()
     copy_repo(pytester, {"run_my_new_recipe.py": bad})
     result = pytester.runpytest_subprocess("-p", "miles.testing", "tests/e2e", "-k", "my_new_recipe")
@@ -190,11 +191,13 @@ def test_editing_one_flag_fails_only_that_recipes_snapshot_and_snapshot_update_f
     copy_repo(pytester, {"run_one.py": TINY.read_text(), "run_two.py": TINY.read_text()})
     pytester.runpytest_subprocess("-p", "miles.testing", "tests/e2e", "--snapshot-update").assert_outcomes(passed=2)
     one = pytester.path / "scripts" / "run_one.py"
-    one.write_text(one.read_text().replace('"--lr 3e-4 ', '"--lr 5e-4 '))
+    recorded_lr = re.search(r'"--lr (\S+) ', one.read_text()).group(1)
+    assert recorded_lr != "5e-4"
+    one.write_text(one.read_text().replace(f'"--lr {recorded_lr} ', '"--lr 5e-4 '))
     result = pytester.runpytest_subprocess("-p", "miles.testing", "tests/e2e")
     result.assert_outcomes(failed=1, passed=1)
     result.stdout.fnmatch_lines(["*FAILED*test_dry?run_one-dry?*"])
-    result.stdout.fnmatch_lines(["*- --lr 3e-4*", "*+ --lr 5e-4*"])
+    result.stdout.fnmatch_lines([f"*- --lr {recorded_lr}*", "*+ --lr 5e-4*"])
     pytester.runpytest_subprocess("-p", "miles.testing", "tests/e2e", "--snapshot-update").assert_outcomes(passed=2)
     pytester.runpytest_subprocess("-p", "miles.testing", "tests/e2e").assert_outcomes(passed=2)
 

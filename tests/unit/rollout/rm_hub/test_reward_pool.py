@@ -1,5 +1,3 @@
-import os
-import tempfile
 
 import numpy as np
 import pytest
@@ -15,13 +13,8 @@ def test_split_evenly_covers_all_samples_in_order():
 
 
 @pytest.fixture(scope="module")
-def ray_session():
-    ray = pytest.importorskip("ray")
-    temp_dir = tempfile.mkdtemp(prefix="rmp", dir="/tmp")
-    ray.init(num_cpus=2, include_dashboard=False, _temp_dir=temp_dir, log_to_driver=False,
-             runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}})
-    yield ray
-    ray.shutdown()
+def ray_session(local_ray):
+    return local_ray
 
 
 def _samples():

@@ -1,0 +1,21 @@
+import os
+import shutil
+import tempfile
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def local_ray():
+    """One in-process Ray cluster per test worker, with a temp dir of its own.
+
+    Shared because `ray.init` may run once per process: two test modules that each started their
+    own would fail whenever xdist put them on the same worker.
+    """
+    ray = pytest.importorskip("ray")
+    temp_dir = tempfile.mkdtemp(prefix="mr", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
+    ray.init(num_cpus=2, include_dashboard=False, _temp_dir=temp_dir, log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": os.getcwd(), "OMP_NUM_THREADS": "1"}})
+    yield ray
+    ray.shutdown()
+    shutil.rmtree(temp_dir, ignore_errors=True)
