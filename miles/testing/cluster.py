@@ -3,7 +3,7 @@
 Every node is a plain `ray start` with ports and a temp dir of its own, so concurrent tests
 (pytest-xdist workers, other pytest processes) never share a cluster. All daemons inherit the
 test's token (`MILES_TEST_TOKEN`), which is how `stop()` finds and ends them: never by name,
-never with `ray stop` (that would end every Ray on the machine).
+never with Ray's own stop command (that would end every Ray on the machine).
 """
 
 from __future__ import annotations
