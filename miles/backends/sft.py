@@ -101,7 +101,7 @@ class SFTRankStep:
 
     def _x0(self, item: SFTItem) -> torch.Tensor:
         if item.media not in self.latents:
-            model = self.rank.model
+            model = self.rank.fmodel
             x0 = model.encode_images(load_pixels(item, model.spec.is_video)[None])[0].cpu()
             if len(self.latents) >= CACHE_LIMIT:
                 return x0
@@ -110,14 +110,14 @@ class SFTRankStep:
 
     def _cond(self, prompt: str) -> Conditioning:
         if prompt not in self.conds:
-            cond = self.rank.model.encode_prompts([prompt], negative_prompt=None).to("cpu")
+            cond = self.rank.fmodel.encode_prompts([prompt], negative_prompt=None).to("cpu")
             if len(self.conds) >= CACHE_LIMIT:
                 return cond
             self.conds[prompt] = cond
         return self.conds[prompt]
 
     def micro_batch_loss(self, batch: SFTBatch, pairs: list[Pair], sigmas: list[float]) -> torch.Tensor:
-        model, device = self.rank.model, self.rank.device
+        model, device = self.rank.fmodel, self.rank.device
         x0 = torch.stack([self._x0(batch.item(p.sample)) for p in pairs]).to(device)
         noise = torch.stack([pair_noise(self.rank.args.seed, batch.rollout_id, p, x0.shape[1:]) for p in pairs]).to(device)
         sigma = torch.tensor([sigmas[p.step] for p in pairs], dtype=torch.float32)
@@ -134,7 +134,8 @@ class SFTRankStep:
         schedule = rank_schedule(plan, batch.trained_steps, rank.rank)
         shard = shard_pairs(expand_pairs(plan.samples_per_rollout, batch.trained_steps), plan.dp_size, rank.rank,
                             plan.dp_split_mode)
-        sigmas = rank.model.sigmas(args.diffusion_num_steps, args.diffusion_shift)
+        sigmas = rank.model.sigmas(args.diffusion_num_steps, args.diffusion_shift, args.diffusion_height,
+                                   args.diffusion_width, args.diffusion_output_num_frames)
         loss_total = grad_norm_total = 0.0
         for window in schedule:
             window_pairs = sum(len(mb) for mb in window)

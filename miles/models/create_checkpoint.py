@@ -73,7 +73,7 @@ def _write_checkpoint(family: str, size: str, seed: int, out: Path) -> None:
             fit_vae(built, seed=component_seed)
         built.save_pretrained(out / name)
         index[name] = [component.library, component.class_name]
-    scheduler = FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=spec.default_shift)
+    scheduler = FlowMatchEulerDiscreteScheduler(**spec.module.scheduler_config())
     scheduler.save_pretrained(out / "scheduler")
     index["scheduler"] = ["diffusers", "FlowMatchEulerDiscreteScheduler"]
     (out / "model_index.json").write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")

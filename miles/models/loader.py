@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +21,10 @@ from miles.models.runtime import quiet_libraries
 from miles.models.registry import FamilySpec, detect_family, get_family
 from miles.rollout.types import Conditioning
 from miles.utils.families import get_family_facts
-from miles.utils.schedule import expert_index_for_step, sigma_schedule
+from miles.utils.schedule import calculate_shift, expert_index_for_step, flow_match_config, flow_match_sigmas
 
 quiet_libraries()
+logger = logging.getLogger(__name__)
 
 
 class CheckpointError(ValueError):
@@ -71,6 +73,13 @@ def _load_component(name: str, library: str, class_name: str, folder: Path, dtyp
     return loaded
 
 
+def read_scheduler_config(path: Path) -> dict[str, Any]:
+    config_file = path / "scheduler" / "scheduler_config.json"
+    if not config_file.is_file():
+        raise CheckpointError(f"checkpoint {path} has no scheduler/scheduler_config.json")
+    return json.loads(config_file.read_text())
+
+
 def read_model_index(path: Path) -> dict[str, Any]:
     index_file = path / "model_index.json"
     if not index_file.is_file():
@@ -92,22 +101,28 @@ class DiffusionModel:
         self.text_encoders = {n: m for n, m in parts.items() if n.startswith("text_encoder") and m is not None}
         self.vae = parts["vae"]
         self.scheduler = parts["scheduler"]
+        self.scheduler_config = flow_match_config(read_scheduler_config(path))
+        self._warned_shift: set[float] = set()
 
     # -- conditioning -------------------------------------------------------------------------
 
     @torch.no_grad()
-    def encode_prompts(self, prompts: list[str], negative_prompt: str | list[str] | None = "") -> Conditioning:
+    def encode_prompts(self, prompts: list[str], negative_prompt: str | list[str] | None = "",
+                       max_sequence_length: int | None = None) -> Conditioning:
         """Prompt conditioning, with the negative prompt's when the family is guided.
+
+        `max_sequence_length` is the pipeline's argument of that name (None: the pipeline's default).
 
         Each distinct text is encoded on its own, so a sample's conditioning is the same whatever
         microgroup it is sampled in (a batched text encoder can differ in the last bits).
         """
         cache: dict[str, dict[str, torch.Tensor]] = {}
+        length = max_sequence_length or self.spec.module.max_sequence_length
 
         def encode(texts: list[str]) -> dict[str, torch.Tensor]:
             for text in texts:
                 if text not in cache:
-                    out = self.spec.module.encode(self.parts, [text])
+                    out = self.spec.module.encode(self.parts, [text], length)
                     cache[text] = {k: v.to(self.dtype) if v.is_floating_point() else v for k, v in out.items()}
             return {k: torch.cat([cache[t][k] for t in texts]) for k in cache[texts[0]]}
 
@@ -119,8 +134,33 @@ class DiffusionModel:
 
     # -- schedule -----------------------------------------------------------------------------
 
-    def sigmas(self, num_steps: int, shift: float | None = None) -> list[float]:
-        return sigma_schedule(num_steps, self.spec.default_shift if shift is None else shift)
+    def sigmas(self, num_steps: int, shift: float | None = None, height: int | None = None,
+               width: int | None = None, frames: int = 1) -> list[float]:
+        """The sigmas the family's pipeline runs for this checkpoint's scheduler config.
+
+        `shift` (--diffusion-shift) replaces the config's shift and turns dynamic shifting off;
+        the resolution is needed when the config shifts dynamically (mu from the sequence length).
+        """
+        config = self._config_with_shift(shift)
+        mu = None
+        if config["use_dynamic_shifting"]:
+            if height is None or width is None:
+                raise ValueError(f"{self.path}'s scheduler shifts with the resolution: pass height and width")
+            seq_len = self.spec.module.shift_seq_len(self.parts, self.latent_shape(height, width, frames))
+            mu = calculate_shift(seq_len, config)
+        return flow_match_sigmas(config, num_steps, linspace_sigmas=self.spec.module.linspace_sigmas, mu=mu)
+
+    def _config_with_shift(self, shift: float | None) -> dict[str, Any]:
+        config = self.scheduler_config
+        if shift is None:
+            return config
+        overridden = {**config, "shift": float(shift), "use_dynamic_shifting": False}
+        if overridden != config and shift not in self._warned_shift:
+            self._warned_shift.add(shift)
+            logger.warning("--diffusion-shift %s overrides the scheduler of %s (shift %s, dynamic shifting %s); "
+                           "sampling will differ from its pipeline", shift, self.path, config["shift"],
+                           config["use_dynamic_shifting"])
+        return overridden
 
     def expert_for(self, sigma: float) -> str:
         """The transformer component that denoises at this sigma (Wan2.2: high- vs low-noise)."""
@@ -146,7 +186,7 @@ class DiffusionModel:
             sigmas = sigmas.expand(batch)
         if cond.batch_size != batch:
             raise ValueError(f"conditioning has batch {cond.batch_size}, latents {batch}")
-        guided = cond.negative is not None and guidance_scale != 1.0
+        guided = cond.negative is not None and guidance_scale > 1.0  # the pipelines guide only when g > 1
         outputs = []
         for i in range(batch):
             s = sigmas[i : i + 1].to(self.device)
@@ -157,7 +197,7 @@ class DiffusionModel:
             out = self.spec.module.forward(self.parts, transformer, xi, s, one.positive).float()
             if guided:
                 uncond = self.spec.module.forward(self.parts, transformer, xi, s, one.negative).float()
-                out = uncond + guidance_scale * (out - uncond)
+                out = self.spec.module.guide(out, uncond, guidance_scale)
             outputs.append(out)
         return torch.cat(outputs)
 

@@ -16,15 +16,23 @@ from miles.rollout.types import Conditioning, SampleRequest, SamplingParams, Tra
 
 
 def guidance_scales(model: DiffusionModel, params: SamplingParams) -> dict[str, float]:
-    """Guidance per transformer component; unguided families run at 1.0 (no negative pass)."""
-    if not model.spec.guided:
-        return {name: 1.0 for name in model.spec.transformer_components}
-    scales = {model.spec.transformer_components[0]: params.guidance_scale}
-    if len(model.spec.transformer_components) > 1:
+    """Guidance per transformer component; 1.0 means no negative pass (unguided families).
+
+    As WanPipeline: guidance is on only when the first (high-noise) scale is > 1; then each expert
+    uses its own scale."""
+    names = model.spec.transformer_components
+    if not model.spec.guided or params.guidance_scale <= 1.0:
+        return {name: 1.0 for name in names}
+    scales = {names[0]: params.guidance_scale}
+    if len(names) > 1:
         if params.guidance_scale_2 is None:
             raise ValueError(f"family {model.family} has two experts: --diffusion-guidance-scale-2 is required")
-        scales[model.spec.transformer_components[1]] = params.guidance_scale_2
+        scales[names[1]] = params.guidance_scale_2
     return scales
+
+
+def sigmas_for(model: DiffusionModel, params: SamplingParams) -> list[float]:
+    return model.sigmas(params.num_steps, params.shift, params.height, params.width, params.num_frames)
 
 
 def sde_type_for(model: DiffusionModel, params: SamplingParams) -> str:
@@ -44,14 +52,15 @@ def _microgroups(requests: list[SampleRequest], size: int | None) -> list[list[S
 
 def _denoise(model: DiffusionModel, requests: list[SampleRequest], params: SamplingParams,
              trained_steps: list[int], debug: bool) -> list[Trajectory]:
-    sigmas = model.sigmas(params.num_steps, params.shift)
+    sigmas = sigmas_for(model, params)
     sigma_max = largest_sigma_below_one(sigmas)
     shape = model.latent_shape(params.height, params.width, params.num_frames)
     sde_type = sde_type_for(model, params)
     scales = guidance_scales(model, params)
     trained = set(trained_steps)
 
-    cond: Conditioning = model.encode_prompts([r.prompt for r in requests], params.negative_prompt)
+    cond: Conditioning = model.encode_prompts([r.prompt for r in requests], params.negative_prompt,
+                                              params.max_sequence_length)
     generators = [torch.Generator().manual_seed(r.seed) for r in requests]
     draw = lambda: torch.stack([torch.randn(shape, generator=g) for g in generators])  # noqa: E731
 

@@ -66,7 +66,8 @@ class SamplingParams:
     guidance_scale_2: float | None = None  # Wan2.2's low-noise expert
     noise_level: float = 0.7
     sde_type: str | None = None  # None = the family's default
-    shift: float | None = None  # None = the family's default
+    shift: float | None = None  # None = the checkpoint's scheduler config
+    max_sequence_length: int | None = None  # prompt tokens; None = the family pipeline's default
     negative_prompt: str = ""
     microgroup_size: int | None = None  # samples evaluated together; None = all of a group
 
@@ -82,6 +83,7 @@ class SamplingParams:
             noise_level=args.diffusion_noise_level,
             sde_type=args.diffusion_sde_type,
             shift=args.diffusion_shift,
+            max_sequence_length=getattr(args, "diffusion_max_sequence_length", None),
             negative_prompt=args.negative_prompt,
             microgroup_size=args.rollout_microgroup_size,
         )

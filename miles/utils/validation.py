@@ -17,7 +17,7 @@ from argparse import Namespace
 from dataclasses import dataclass
 
 from miles.utils.batch_rules import (
-    DOTTED_PATH, ConfigError, compute_batch_plan, family_of, shift_of, train_gpus,
+    DOTTED_PATH, ConfigError, compute_batch_plan, family_of, train_gpus,
 )
 from miles.utils.batching import BatchPlan
 from miles.utils.families import FamilyFacts
@@ -30,7 +30,7 @@ DEFAULT_LORA_RANK = 32
 def validate_args(ns: Namespace) -> BatchPlan:
     """Check every rule, fill in the derived values (the trainer reads them) and return the plan.
 
-    Derived values are written back (family, SDE type, shift, SDE steps, global batch size, steps
+    Derived values are written back (family, SDE type, SDE steps, global batch size, steps
     per rollout, rollout GPUs, nodes, microgroup size, target modules, KL reference, LoRA rank,
     alpha and targets, start rollout id, run dir), so validating the result again is a no-op.
     """
@@ -46,7 +46,7 @@ def validate_args(ns: Namespace) -> BatchPlan:
 def fill_derived_values(ns: Namespace, family: FamilyFacts, plan: BatchPlan) -> None:
     ns.diffusion_model_family = family.name
     ns.diffusion_sde_type = ns.diffusion_sde_type or family.default_sde_type
-    ns.diffusion_shift = shift_of(ns, family)
+    # diffusion_shift stays unset unless given: the checkpoint's own scheduler config decides
     ns.diffusion_num_sde_steps = plan.num_trained_steps
     ns.global_batch_size = plan.global_batch_size
     ns.num_steps_per_rollout = plan.num_steps_per_rollout
@@ -79,8 +79,39 @@ def has_rollout_engines(ns: Namespace) -> bool:
 
 def check_cross_flag_rules(ns: Namespace, family: FamilyFacts) -> None:
     for rule in (_run_length, _checkpointing, _lora_flags, _run_modes, _kl_reference, _reward_source,
-                 _dotted_paths, _prompt_data, _learning_rates, _microgroups, _target_modules):
+                 _dotted_paths, _prompt_data, _learning_rates, _microgroups, _target_modules, _dtypes,
+                 _unimplemented_values):
         rule(ns, family)
+
+
+def _unimplemented_values(ns: Namespace, family: FamilyFacts) -> None:
+    """Values a flag accepts by type but the trainer cannot honour: refused, naming what works."""
+    if ns.sequence_parallel_size != 1:
+        raise ConfigError(f"--sequence-parallel-size {ns.sequence_parallel_size}: sequence parallelism is not "
+                          f"implemented; use 1")
+    if ns.rollout_num_gpus_per_engine != 1:
+        raise ConfigError(f"--rollout-num-gpus-per-engine {ns.rollout_num_gpus_per_engine}: an engine runs on one "
+                          f"device (no multi-GPU engine is implemented); use 1 and raise --rollout-num-gpus for "
+                          f"more engines")
+
+
+def _dtypes(ns: Namespace, family: FamilyFacts) -> None:
+    """Master weights in --param-dtype, train forwards in --compute-dtype, engines in --rollout-dtype.
+
+    Parity (train forward == engine forward, bit for bit) needs both sides to run the same weights
+    in the same dtype: the compute dtype must be the rollout dtype, and the master weights must
+    hold the checkpoint at least as precisely as the engines do (float32, or the compute dtype).
+    """
+    if has_rollout_engines(ns) and ns.compute_dtype != ns.rollout_dtype:
+        raise ConfigError(f"--compute-dtype {ns.compute_dtype} with --rollout-dtype {ns.rollout_dtype}: train "
+                          f"forwards and engine forwards differ, so parity with the engines cannot be exact; "
+                          f"fix: --rollout-dtype {ns.compute_dtype} (or --compute-dtype {ns.rollout_dtype})")
+    if ns.param_dtype not in ("float32", ns.compute_dtype):
+        other = (f"--param-dtype {ns.compute_dtype}" if ns.compute_dtype != "float32" else
+                 f"--compute-dtype {ns.param_dtype} --rollout-dtype {ns.param_dtype}")
+        raise ConfigError(f"--param-dtype {ns.param_dtype} with --compute-dtype {ns.compute_dtype}: master weights "
+                          f"in {ns.param_dtype} round what a {ns.compute_dtype} forward reads; fix: --param-dtype "
+                          f"float32 (or {other})")
 
 
 def _run_length(ns: Namespace, family: FamilyFacts) -> None:
@@ -126,9 +157,11 @@ def _kl_reference(ns: Namespace, family: FamilyFacts) -> None:
 
 
 def _reward_source(ns: Namespace, family: FamilyFacts) -> None:
-    if ns.rm_type and ns.custom_rm_path:
+    if ns.rm_type == "custom" and not ns.custom_rm_path:
+        raise ConfigError("--rm-type custom needs --custom-rm-path pkg.mod:fn; fix: add it")
+    if ns.rm_type and ns.rm_type != "custom" and ns.custom_rm_path:
         raise ConfigError(f"--rm-type {ns.rm_type} and --custom-rm-path {ns.custom_rm_path} both given; "
-                          f"fix: keep one")
+                          f"fix: keep one (or --rm-type custom)")
     if ns.loss_type != "sft_loss" and not (ns.rm_type or ns.custom_rm_path):
         raise ConfigError(f"--loss-type {ns.loss_type} needs a reward; fix: add --rm-type NAME or "
                           f"--custom-rm-path pkg.mod:fn")

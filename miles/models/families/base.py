@@ -3,7 +3,9 @@
 A family module describes its checkpoint (the components and their configs per size, so
 `create_checkpoint` can build them) and the three calls that differ between diffusers models:
 prompts -> conditioning tensors, one transformer forward, latents -> pixels. Everything else
-(guidance, batch invariance, the schedule) lives in `miles.models.loader`, once.
+(guidance, batch invariance) lives in `miles.models.loader`, the schedule in
+`miles.utils.schedule`. Where a family's pipeline differs (how it builds sigmas, pads prompts or
+combines guided outputs) the family says so here, in the pipeline's own terms.
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ class FamilyModule:
     name: str = ""
     pipeline_class: str = ""  # the diffusers pipeline class that model_index.json names
     other_pipeline_classes: tuple[str, ...] = ()  # released checkpoints that name another one
-    text_max_length: int = 77  # cap on prompt tokens; a real tokenizer's own limit applies too
+    max_sequence_length: int = 77  # the pipeline's default `max_sequence_length` for prompt tokens
+    linspace_sigmas: bool = False  # the pipeline passes sigmas=linspace(1, 1/N, N) to set_timesteps
 
     @property
     def facts(self) -> FamilyFacts:
@@ -43,9 +46,21 @@ class FamilyModule:
     def components(self, size: str) -> dict[str, ComponentSpec]:
         raise NotImplementedError
 
-    def encode(self, parts: dict[str, Any], prompts: list[str]) -> dict[str, torch.Tensor]:
-        """Conditioning tensors for the transformer, batch-first."""
+    def scheduler_config(self) -> dict[str, Any]:
+        """The FlowMatchEulerDiscreteScheduler config our checkpoints ship (released-style)."""
+        return {"num_train_timesteps": 1000, "shift": self.facts.default_shift}
+
+    def encode(self, parts: dict[str, Any], prompts: list[str], max_sequence_length: int) -> dict[str, torch.Tensor]:
+        """Conditioning tensors for the transformer, batch-first, as the pipeline builds them."""
         raise NotImplementedError
+
+    def shift_seq_len(self, parts: dict[str, Any], latent_shape: tuple[int, ...]) -> int:
+        """The latent sequence length the pipeline computes dynamic shifting's mu from."""
+        raise ValueError(f"{self.pipeline_class} computes no mu: its scheduler cannot use dynamic shifting")
+
+    def guide(self, cond: torch.Tensor, uncond: torch.Tensor, scale: float) -> torch.Tensor:
+        """The pipeline's classifier-free guidance of two fp32 outputs (applied only when scale > 1)."""
+        return uncond + scale * (cond - uncond)
 
     def forward(self, parts: dict[str, Any], transformer, x: torch.Tensor, sigma: torch.Tensor,
                 cond: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -68,19 +83,18 @@ class FamilyModule:
         raise NotImplementedError
 
 
-def tokenize(tokenizer, prompts: list[str], cap: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token ids and mask, padded to a fixed length so every prompt's tensors have one shape."""
-    max_length = min(cap, tokenizer.model_max_length)
+def tokenize(tokenizer, prompts: list[str], max_length: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids and mask padded to `max_length`, so every prompt's tensors have one shape."""
     enc = tokenizer(prompts, padding="max_length", max_length=max_length, truncation=True, return_tensors="pt")
     return enc.input_ids.to(device), enc.attention_mask.to(device)
 
 
-def encode_with_mask(parts, prompts, cap, encoder="text_encoder", tokenizer="tokenizer"):
-    """Last hidden state with padding positions zeroed (as the Wan pipeline does), and the mask."""
+def encode_with_mask(parts, prompts, max_length, encoder="text_encoder", tokenizer="tokenizer"):
+    """Last hidden state of the masked encoder with padding positions zeroed (the Wan and Cosmos
+    pipelines' `_get_t5_prompt_embeds`), and the mask."""
     text_encoder = parts[encoder]
-    ids, mask = tokenize(parts[tokenizer], prompts, cap, text_encoder.device)
-    out = text_encoder(input_ids=ids, attention_mask=mask, output_hidden_states=True)
-    hidden = out.hidden_states[-1] if out.hidden_states is not None else out.last_hidden_state
+    ids, mask = tokenize(parts[tokenizer], prompts, max_length, text_encoder.device)
+    hidden = text_encoder(input_ids=ids, attention_mask=mask).last_hidden_state
     return hidden * mask.unsqueeze(-1).to(hidden.dtype), mask
 
 

@@ -2,7 +2,9 @@
 
 Images are one-frame videos to the transformer and the VAE; latents stay [C, h, w] otherwise.
 The transformer output is used as the velocity directly (our checkpoints are trained that way);
-a released Cosmos checkpoint's EDM-style preconditioning is not reproduced here.
+a released Cosmos checkpoint's EDM-style preconditioning is not reproduced here, so this family
+does not yet match Cosmos2TextToImagePipeline: that pipeline samples in EDM coordinates
+(x / (1 - t), Karras sigmas up to `sigma_max`, c_in/c_skip/c_out, guidance `cond + g (cond - uncond)`).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ class Cosmos3(FamilyModule):
     name = "cosmos3"
     pipeline_class = "Cosmos2TextToImagePipeline"
     other_pipeline_classes = ("CosmosTextToWorldPipeline", "Cosmos2VideoToWorldPipeline")
-    text_max_length = 512
+    max_sequence_length = 512
 
     def components(self, size):
         if size == "tiny":
@@ -44,8 +46,8 @@ class Cosmos3(FamilyModule):
             "vae": wan_vae(size, z),
         }
 
-    def encode(self, parts, prompts):
-        hidden, _ = encode_with_mask(parts, prompts, self.text_max_length)
+    def encode(self, parts, prompts, max_sequence_length):
+        hidden, _ = encode_with_mask(parts, prompts, max_sequence_length)
         return {"encoder_hidden_states": hidden}
 
     def forward(self, parts, transformer, x, sigma, cond):

@@ -1,13 +1,15 @@
 """LTX-Video: LTXVideoTransformer3DModel over the LTX video VAE, T5 text encoder. Unguided.
 
 The transformer takes latent tokens (patch size 1) with the latent grid passed alongside for its
-rotary embedding; latents stay [C, f, h, w] everywhere else.
+rotary embedding; latents stay [C, f, h, w] everywhere else. As LTXPipeline: the T5 runs without
+a mask and its padding positions are kept (the transformer masks them), and sigmas are
+`linspace(1, 1/N, N)` shifted with mu from the latent f * h * w.
 """
 
 from __future__ import annotations
 
 from miles.models.families.base import (
-    ComponentSpec, FamilyModule, encode_with_mask, from_unit_range, posterior_mean, timesteps, to_unit_range,
+    ComponentSpec, FamilyModule, from_unit_range, posterior_mean, timesteps, to_unit_range, tokenize,
 )
 from miles.models.tokenizer import EOS_ID, PAD_ID, vocabulary
 
@@ -17,7 +19,8 @@ FRAME_RATE = 25  # what LTXPipeline assumes by default; enters the temporal rope
 class LTX(FamilyModule):
     name = "ltx"
     pipeline_class = "LTXPipeline"
-    text_max_length = 128
+    max_sequence_length = 128
+    linspace_sigmas = True
 
     def components(self, size):
         if size == "tiny":
@@ -48,9 +51,19 @@ class LTX(FamilyModule):
             "vae": ComponentSpec("diffusers", "AutoencoderKLLTXVideo", vae),
         }
 
-    def encode(self, parts, prompts):
-        hidden, mask = encode_with_mask(parts, prompts, self.text_max_length)
-        return {"encoder_hidden_states": hidden, "encoder_attention_mask": mask}
+    def scheduler_config(self):
+        # Lightricks/LTX-Video's scheduler_config.json
+        return {"num_train_timesteps": 1000, "shift": 1.0, "use_dynamic_shifting": True, "base_shift": 0.95,
+                "max_shift": 2.05, "base_image_seq_len": 1024, "max_image_seq_len": 4096, "shift_terminal": 0.1}
+
+    def encode(self, parts, prompts, max_sequence_length):
+        text_encoder = parts["text_encoder"]
+        ids, mask = tokenize(parts["tokenizer"], prompts, max_sequence_length, text_encoder.device)
+        return {"encoder_hidden_states": text_encoder(ids)[0], "encoder_attention_mask": mask}
+
+    def shift_seq_len(self, parts, latent_shape):
+        _, f, h, w = latent_shape
+        return f * h * w
 
     def forward(self, parts, transformer, x, sigma, cond):
         b, c, f, h, w = x.shape

@@ -1,15 +1,21 @@
 """Qwen-Image: QwenImageTransformer2DModel over the Qwen-Image VAE, conditioned by a Qwen LM.
 
 The transformer takes 2x2-packed latent tokens; latents stay [C, h, w] everywhere else and are
-packed around each forward. The text encoder's last hidden state (padding zeroed) and its mask are
-the conditioning. Released checkpoints wrap prompts in a chat template and drop its prefix; that
-is a quality detail we leave out, the tensors' meaning is the same.
+packed around each forward. As QwenImagePipeline: the prompt is wrapped in its chat template, the
+text encoder's last hidden state is taken without the template's first 34 tokens, cut to
+`max_sequence_length` (here also zero-padded to it, masked, so every prompt's tensors have one
+shape); the timestep is the pipeline's float32 `t / 1000`; guidance is true CFG with the guided
+output rescaled to the conditional one's norm over each packed token; sigmas are
+`linspace(1, 1/N, N)` shifted with mu from the packed sequence length.
 """
 
 from __future__ import annotations
 
+import torch
+import torch.nn.functional as F
+
 from miles.models.families.base import (
-    ComponentSpec, FamilyModule, encode_with_mask, from_unit_range, posterior_mean, to_unit_range,
+    ComponentSpec, FamilyModule, from_unit_range, posterior_mean, timesteps, to_unit_range,
 )
 from miles.models.tokenizer import BOS_ID, EOS_ID, PAD_ID, vocabulary
 
@@ -27,7 +33,15 @@ def unpack(tokens, channels, h, w):
 class QwenImage(FamilyModule):
     name = "qwen_image"
     pipeline_class = "QwenImagePipeline"
-    text_max_length = 512
+    max_sequence_length = 512
+    linspace_sigmas = True
+    prompt_template = (
+        "<|im_start|>system\nDescribe the image by detailing the color, shape, size, texture, quantity, text, "
+        "spatial relationships of the objects and background:<|im_end|>\n<|im_start|>user\n{}<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
+    template_drop = 34  # QwenImagePipeline.prompt_template_encode_start_idx
+    tokenizer_max_length = 1024  # QwenImagePipeline.tokenizer_max_length
 
     def components(self, size):
         if size == "tiny":
@@ -55,15 +69,46 @@ class QwenImage(FamilyModule):
             "vae": ComponentSpec("diffusers", "AutoencoderKLQwenImage", vae),
         }
 
-    def encode(self, parts, prompts):
-        hidden, mask = encode_with_mask(parts, prompts, self.text_max_length)
-        return {"encoder_hidden_states": hidden, "encoder_hidden_states_mask": mask}
+    def scheduler_config(self):
+        # Qwen/Qwen-Image's scheduler_config.json
+        return {"num_train_timesteps": 1000, "shift": 1.0, "use_dynamic_shifting": True, "base_shift": 0.5,
+                "max_shift": 0.9, "base_image_seq_len": 256, "max_image_seq_len": 8192, "shift_terminal": 0.02,
+                "time_shift_type": "exponential"}
+
+    def encode(self, parts, prompts, max_sequence_length):
+        hidden, mask = [], []
+        for prompt in prompts:
+            embeds = self._embed(parts, prompt)[:max_sequence_length]
+            padding = max_sequence_length - embeds.shape[0]
+            hidden.append(F.pad(embeds, (0, 0, 0, padding)))
+            mask.append(F.pad(torch.ones(embeds.shape[0], dtype=torch.long, device=embeds.device), (0, padding)))
+        return {"encoder_hidden_states": torch.stack(hidden), "encoder_hidden_states_mask": torch.stack(mask)}
+
+    def _embed(self, parts, prompt):
+        """One prompt's embeddings, [tokens, width], as `_get_qwen_prompt_embeds` makes them."""
+        text_encoder = parts["text_encoder"]
+        enc = parts["tokenizer"]([self.prompt_template.format(prompt)], max_length=self.tokenizer_max_length + self.template_drop,
+                                 padding=True, truncation=True, return_tensors="pt").to(text_encoder.device)
+        out = text_encoder(input_ids=enc.input_ids, attention_mask=enc.attention_mask, output_hidden_states=True)
+        return out.hidden_states[-1][0][enc.attention_mask[0].bool()][self.template_drop:]
 
     def forward(self, parts, transformer, x, sigma, cond):
         _, c, h, w = x.shape
-        out = transformer(hidden_states=pack(x), timestep=sigma.to(x.dtype), img_shapes=[[(1, h // 2, w // 2)]] * x.shape[0],
+        timestep = timesteps(sigma, x) / 1000  # the pipeline passes t / 1000, t = sigma * 1000 in float32
+        out = transformer(hidden_states=pack(x), timestep=timestep, img_shapes=[[(1, h // 2, w // 2)]] * x.shape[0],
                           return_dict=False, **cond)[0]
         return unpack(out, transformer.config.out_channels, h, w)
+
+    def guide(self, cond, uncond, scale):
+        """True CFG, then rescaled to the conditional output's norm over each packed token's channels."""
+        _, c, h, w = cond.shape
+        cond_tokens = pack(cond)
+        comb = pack(uncond) + scale * (cond_tokens - pack(uncond))
+        rescaled = comb * (torch.norm(cond_tokens, dim=-1, keepdim=True) / torch.norm(comb, dim=-1, keepdim=True))
+        return unpack(rescaled, c, h, w)
+
+    def shift_seq_len(self, parts, latent_shape):
+        return (latent_shape[-2] // 2) * (latent_shape[-1] // 2)
 
     def latent_shape(self, parts, height, width, frames):
         factor = 2 ** len(parts["vae"].temperal_downsample)

@@ -1,8 +1,11 @@
 """Stable Diffusion 3 / 3.5: SD3Transformer2DModel (MMDiT) over AutoencoderKL latents.
 
 Conditioning as StableDiffusion3Pipeline builds it: the CLIP encoders' penultimate hidden states
-side by side, zero-padded to the joint width, followed by the T5 sequence when a T5 is present;
-the pooled projection is the CLIP text embeddings side by side. Our checkpoints have one CLIP.
+side by side (each tokenizer padded to its own model_max_length), zero-padded to the joint width,
+followed by the T5 slot: the T5 sequence, or `max_sequence_length` zero tokens when there is no
+T5 (the pipeline appends them and the joint attention sees them). The pooled projection is the
+CLIP text embeddings side by side. Our checkpoints have one CLIP and no T5. Sigmas: the scheduler's
+`set_timesteps(N)`, mu from (h / patch) * (w / patch) when it shifts dynamically.
 """
 
 from __future__ import annotations
@@ -38,8 +41,7 @@ def _vae(channels: tuple[int, ...], latent_channels: int, groups: int) -> Compon
 class SD3(FamilyModule):
     name = "sd3"
     pipeline_class = "StableDiffusion3Pipeline"
-    text_max_length = 77
-    t5_max_length = 256
+    max_sequence_length = 256
 
     def components(self, size):
         if size == "tiny":
@@ -64,25 +66,33 @@ class SD3(FamilyModule):
             "vae": vae,
         }
 
-    def encode(self, parts, prompts):
-        transformer = parts["transformer"]
+    def encode(self, parts, prompts, max_sequence_length):
         hidden, pooled = [], []
         for enc_name, tok_name in _CLIPS:
             if parts.get(enc_name) is None:
                 continue
-            enc = parts[enc_name]
-            ids, _ = tokenize(parts[tok_name], prompts, self.text_max_length, enc.device)
+            enc, tokenizer = parts[enc_name], parts[tok_name]
+            ids, _ = tokenize(tokenizer, prompts, tokenizer.model_max_length, enc.device)
             out = enc(input_ids=ids, output_hidden_states=True)
             hidden.append(out.hidden_states[-2])
             pooled.append(out.text_embeds)
         clip_hidden = torch.cat(hidden, dim=-1)
-        joint = transformer.config.joint_attention_dim
-        sequence = F.pad(clip_hidden, (0, joint - clip_hidden.shape[-1]))
-        if parts.get("text_encoder_3") is not None:
-            t5 = parts["text_encoder_3"]
-            ids, _ = tokenize(parts["tokenizer_3"], prompts, self.t5_max_length, t5.device)
-            sequence = torch.cat([sequence, t5(input_ids=ids).last_hidden_state.to(sequence.dtype)], dim=-2)
+        t5 = self._t5_slot(parts, prompts, max_sequence_length, clip_hidden)
+        sequence = torch.cat([F.pad(clip_hidden, (0, t5.shape[-1] - clip_hidden.shape[-1])), t5], dim=-2)
         return {"encoder_hidden_states": sequence, "pooled_projections": torch.cat(pooled, dim=-1)}
+
+    @staticmethod
+    def _t5_slot(parts, prompts, max_sequence_length, like):
+        t5 = parts.get("text_encoder_3")
+        if t5 is None:
+            joint = parts["transformer"].config.joint_attention_dim
+            return like.new_zeros(len(prompts), max_sequence_length, joint)
+        ids, _ = tokenize(parts["tokenizer_3"], prompts, max_sequence_length, t5.device)
+        return t5(input_ids=ids).last_hidden_state.to(like.dtype)
+
+    def shift_seq_len(self, parts, latent_shape):
+        patch = parts["transformer"].config.patch_size
+        return (latent_shape[-2] // patch) * (latent_shape[-1] // patch)
 
     def forward(self, parts, transformer, x, sigma, cond):
         return transformer(hidden_states=x, timestep=timesteps(sigma, x), return_dict=False, **cond)[0]

@@ -1,7 +1,17 @@
 """Wan2.2 (A14B layout): two WanTransformer3DModel experts over the Wan VAE, UMT5 text encoder.
 
 `transformer` denoises the high-noise steps (t >= boundary_ratio * 1000), `transformer_2` the rest;
-which one runs is decided in `DiffusionModel.expert_for`, from miles.utils.schedule.
+which one runs is decided in `DiffusionModel.expert_for`, from miles.utils.schedule, on the
+pipeline's float32 timestep. Guidance as WanPipeline applies it: on only when the high-noise scale
+is > 1, then each expert's own scale.
+
+Prompts are cleaned (`prompt_clean`) and padded to `max_sequence_length` zero tokens as the pipeline
+does; its cross-attention has no mask, so the padding is part of the conditioning.
+
+Schedule: released Wan2.2 checkpoints ship a UniPC multistep scheduler with `flow_shift`. The
+SDE sampler needs a one-step (Euler) update per sigma pair to define each step's Gaussian, so it
+runs the FlowMatchEulerDiscreteScheduler of the same config (`shift = flow_shift`,
+`set_timesteps(N)`), which is what the pipeline-parity test runs WanPipeline with.
 """
 
 from __future__ import annotations
@@ -47,7 +57,7 @@ def wan_encode(vae, videos):
 class Wan22(FamilyModule):
     name = "wan2_2"
     pipeline_class = "WanPipeline"
-    text_max_length = 512
+    max_sequence_length = 512
 
     def components(self, size):
         if size == "tiny":
@@ -72,8 +82,10 @@ class Wan22(FamilyModule):
             "vae": wan_vae(size, z),
         }
 
-    def encode(self, parts, prompts):
-        hidden, _ = encode_with_mask(parts, prompts, self.text_max_length)
+    def encode(self, parts, prompts, max_sequence_length):
+        from diffusers.pipelines.wan.pipeline_wan import prompt_clean
+
+        hidden, _ = encode_with_mask(parts, [prompt_clean(p) for p in prompts], max_sequence_length)
         return {"encoder_hidden_states": hidden}
 
     def forward(self, parts, transformer, x, sigma, cond):

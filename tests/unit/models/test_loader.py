@@ -162,10 +162,18 @@ def test_unguided_family_has_no_negative_conditioning(tiny_checkpoint):
     assert cond.negative is None
 
 
-def test_schedule_uses_the_family_shift_unless_overridden(tiny_checkpoint):
+def test_schedule_comes_from_the_scheduler_config_unless_overridden(tiny_checkpoint, caplog):
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
     model = load_model(tiny_checkpoint("sd3"))
-    assert model.sigmas(2) == [1.0, 3 * 0.5 / (1 + 2 * 0.5), 0.0]
-    assert model.sigmas(2, shift=1.0) == [1.0, 0.5, 0.0]
+    reference = FlowMatchEulerDiscreteScheduler.from_pretrained(tiny_checkpoint("sd3") / "scheduler")
+    reference.set_timesteps(6)
+    assert model.sigmas(6) == reference.sigmas.tolist()
+    assert model.sigmas(6, shift=3.0) == model.sigmas(6) and not caplog.records  # same config: no warning
+    reference = FlowMatchEulerDiscreteScheduler(shift=1.0)
+    reference.set_timesteps(2)
+    assert model.sigmas(2, shift=1.0) == reference.sigmas.tolist()
+    assert "overrides the scheduler" in caplog.text
 
 
 def test_tokenizer_covers_any_ascii_prompt_and_pads_to_fixed_length():

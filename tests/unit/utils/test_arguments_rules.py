@@ -93,13 +93,14 @@ def test_pairs_that_do_not_deal_to_the_dp_ranks_are_refused():
             "--n-samples-per-prompt", "2", "--diffusion-num-sde-steps", "1", "--actor-num-gpus-per-node", "4")
 
 
-def test_dp_size_divides_out_the_sequence_parallel_size():
-    assert plan(*WORKED, "--sequence-parallel-size", "2").dp_size == 2
+def test_dp_size_is_the_train_ranks_with_sequence_parallel_size_1():
+    assert plan(*WORKED, "--sequence-parallel-size", "1").dp_size == 4
 
 
-def test_sequence_parallel_size_must_divide_the_train_ranks():
-    refused(r"train ranks=4 .* not divisible by --sequence-parallel-size 3", *WORKED,
-            "--sequence-parallel-size", "3")
+@pytest.mark.parametrize("size", ["2", "3"])
+def test_sequence_parallel_size_other_than_1_is_refused(size):
+    refused(rf"--sequence-parallel-size {size}: sequence parallelism is not implemented; use 1", *WORKED,
+            "--sequence-parallel-size", size)
 
 
 # ---- micro-batching ----
@@ -272,8 +273,8 @@ def test_colocated_rollout_cannot_exceed_the_train_gpus():
             "--rollout-num-gpus", "2")
 
 
-def test_rollout_gpus_divide_into_engines():
-    refused(r"rollout GPUs=3 not divisible by --rollout-num-gpus-per-engine 2", "--rollout-num-gpus", "3",
+def test_multi_gpu_engines_are_refused():
+    refused(r"--rollout-num-gpus-per-engine 2: an engine runs on one device .* use 1", "--rollout-num-gpus", "4",
             "--rollout-num-gpus-per-engine", "2")
 
 
@@ -344,7 +345,7 @@ def test_cross_flag_rule_refuses_the_combination(extra, match):
 
 def test_run_length_is_required():
     refused(r"exactly one of --num-rollout or --num-epoch is required, neither", base=[
-        "--hf-checkpoint", "/ckpt/sd3", "--rm-type", "x", "--prompt-data", "p"])
+        "--hf-checkpoint", "/ckpt/sd3", "--rm-type", "brightness", "--prompt-data", "p"])
 
 
 def test_reward_is_required_unless_sft():
@@ -383,10 +384,11 @@ def test_lora_values_stay_unset_without_lora():
 
 def test_family_defaults_are_filled_in():
     ns = parse_args(BASE[:1] + ["/ckpt/ltx-video"] + BASE[2:])
-    assert (ns.diffusion_model_family, ns.diffusion_sde_type, ns.diffusion_shift) == ("ltx", "cps", 3.0)
+    # the shift stays unset: the checkpoint's scheduler config decides (only --diffusion-shift overrides it)
+    assert (ns.diffusion_model_family, ns.diffusion_sde_type, ns.diffusion_shift) == ("ltx", "cps", None)
     assert ns.update_weight_target_module == ["transformer"]
     ns = parse_args(WAN)
-    assert ns.update_weight_target_module == ["transformer", "transformer_2"] and ns.diffusion_shift == 12.0
+    assert ns.update_weight_target_module == ["transformer", "transformer_2"] and ns.diffusion_shift is None
 
 
 def test_explicit_sampling_values_are_kept():
