@@ -8,7 +8,6 @@ its share of the optimizer step.
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 from typing import Callable
 
@@ -20,6 +19,9 @@ LOSS_TYPES = ("policy_loss", "nft", "sft_loss")
 ADVANTAGE_STD_EPS = 1e-4
 
 
+ADVANTAGE_ESTIMATORS = ("grpo",)  # keep in step with --advantage-estimator's choices
+
+
 def compute_advantages(
     rewards: torch.Tensor,
     n_samples_per_prompt: int,
@@ -27,12 +29,19 @@ def compute_advantages(
     globalize_mean: bool = False,
     globalize_std: bool = False,
     adv_clip_max: float = 5.0,
+    estimator: str = "grpo",
 ) -> torch.Tensor:
     """GRPO advantages for rewards laid out prompt-major ([prompts * n_samples_per_prompt]).
+
+    `estimator` is --advantage-estimator; GRPO is the one implemented (and the only choice the
+    parser offers), anything else is an error here too.
 
     (reward - mean) / std with the mean and std of the prompt's group, or of the whole batch under
     the globalize flags. One sample per prompt has no group spread, so std normalisation is off.
     """
+    if estimator not in ADVANTAGE_ESTIMATORS:
+        raise ValueError(f"--advantage-estimator {estimator!r} is not implemented; use one of "
+                         f"{', '.join(ADVANTAGE_ESTIMATORS)}")
     grouped = rewards.float().reshape(-1, n_samples_per_prompt)
     mean = grouped.mean() if globalize_mean else grouped.mean(dim=1, keepdim=True)
     centered = grouped - mean
@@ -124,10 +133,6 @@ CustomLoss = Callable[[object, PolicyLossInputs], "tuple[torch.Tensor, dict[str,
 
 def load_custom_loss(path: str) -> CustomLoss:
     """`pkg.mod:fn` or `pkg.mod.fn`; fn(args, inputs: PolicyLossInputs) -> (loss, metrics)."""
-    module_name, _, attr = path.partition(":") if ":" in path else path.rpartition(".")
-    if not module_name or not attr:
-        raise ValueError(f"--custom-loss-function-path {path!r}: expected pkg.mod:fn or pkg.mod.fn")
-    fn = getattr(importlib.import_module(module_name), attr, None)
-    if not callable(fn):
-        raise ValueError(f"--custom-loss-function-path {path!r}: {attr!r} is not a function of {module_name}")
-    return fn
+    from miles.utils.dotted_path import load_callable
+
+    return load_callable(path, what="--custom-loss-function-path")

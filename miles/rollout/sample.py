@@ -9,18 +9,21 @@ uses seed `--seed + i`, so the same seed gives the same pixels.
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import numpy as np
-import torch
-from PIL import Image
-
-from miles.rollout.engine import RolloutEngine
-from miles.rollout.types import SampleRequest, SamplingParams
+if TYPE_CHECKING:  # torch, PIL and the engine load after parsing: --help answers at once
+    import torch
+    from PIL import Image
 
 
 def image_grid(images: list[torch.Tensor], columns: int | None = None) -> Image.Image:
     """Images [3, H, W] tiled `columns` per row (default: one row), or videos [F, 3, H, W] one per row."""
+    import numpy as np
+    import torch
+    from PIL import Image
+
     if images[0].ndim == 4:
         rows = [torch.cat(list(video), dim=-1) for video in images]  # frames side by side
     else:
@@ -52,12 +55,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--negative-prompt", default="")
     p.add_argument("--sde-type", default=None, choices=("sde", "ode", "cps"), help="default: the family's")
     p.add_argument("--noise-level", type=float, default=0.7)
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--device", default=None, help="default: cuda when available, else cpu")
     return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> Path:
     args = parse_args(argv)
+    try:
+        return _sample(args)
+    except (OSError, ValueError, KeyError) as err:  # a missing or corrupt checkpoint, a bad option value
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        print(f"error: cannot sample {args.hf_checkpoint}: {type(err).__name__}: {reason}; fix: check the "
+              f"checkpoint (or recreate it: python3 -m miles.models.create_checkpoint ... --out DIR)",
+              file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
+
+
+def _sample(args: argparse.Namespace) -> Path:
+    import torch
+
+    from miles.rollout.engine import RolloutEngine
+    from miles.rollout.types import SampleRequest, SamplingParams
+
+    args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     params = SamplingParams(
         num_steps=args.num_steps, height=args.height, width=args.width, num_frames=args.num_frames or 1,
         guidance_scale=args.guidance_scale, guidance_scale_2=args.guidance_scale_2, noise_level=args.noise_level,

@@ -7,7 +7,6 @@ rollout id, so a rollout's choice is reproducible.
 
 from __future__ import annotations
 
-import importlib
 import random
 from typing import Callable
 
@@ -37,12 +36,12 @@ def resolve_step_strategy(path: str) -> StepStrategy:
     """A built-in name, or a dotted path `pkg.mod:fn` / `pkg.mod.fn`."""
     if path in BUILTIN:
         return BUILTIN[path]
-    module_name, sep, attr = path.partition(":")
-    if not sep:
-        module_name, _, attr = path.rpartition(".")
-    if not module_name or not attr:
-        raise ValueError(f"step strategy {path!r} is neither built-in ({', '.join(BUILTIN)}) nor a dotted path")
-    return getattr(importlib.import_module(module_name), attr)
+    from miles.utils.dotted_path import DottedPathError, load_callable
+
+    try:
+        return load_callable(path, what="step strategy")
+    except DottedPathError as err:
+        raise ValueError(f"{err} (built-ins: {', '.join(BUILTIN)})") from None
 
 
 def rollout_rng(rollout_seed: int, rollout_id: int) -> random.Random:

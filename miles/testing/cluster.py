@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -22,26 +21,11 @@ from pathlib import Path
 
 from miles.testing.dry import scrubbed_env
 from miles.testing.runner import TOKEN_ENV, end_processes, new_token
-
-_PORT_FLAGS = (
-    "--node-manager-port", "--object-manager-port", "--dashboard-agent-listen-port",
-    "--dashboard-agent-grpc-port", "--runtime-env-agent-port", "--metrics-export-port",
-)
-
+from miles.utils.external_utils import ray_cluster as _ray_cluster
 
 def free_ports(n: int) -> list[int]:
-    """`n` distinct ports that were free a moment ago (bound together, then released)."""
-    socks, ports = [], []
-    try:
-        while len(ports) < n:
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-            ports.append(s.getsockname()[1])
-    finally:
-        for s in socks:
-            s.close()
-    return ports
+    """`n` distinct ports that were free a moment ago (the launcher's own port search)."""
+    return _ray_cluster.free_ports(n, "127.0.0.1")
 
 
 def _raise_open_files_limit() -> None:
@@ -53,14 +37,6 @@ def _raise_open_files_limit() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
-def _ray_cli() -> list[str]:
-    exe = Path(sys.executable).with_name("ray")
-    if exe.exists():
-        return [str(exe)]
-    found = shutil.which("ray")
-    return [found] if found else [sys.executable, "-m", "ray.scripts.scripts"]
-
-
 @dataclass
 class LocalRayCluster:
     """`nodes` Ray nodes on 127.0.0.1: a head (with the job server) and `nodes - 1` workers."""
@@ -70,11 +46,13 @@ class LocalRayCluster:
     gpus_per_node: int = 0
     token: str = field(default_factory=new_token)
     object_store_bytes: int = 100 * 2**20
-    start_timeout: float = 120.0
+    # generous: on a loaded 2-core machine a head's start-up alone has taken over two minutes
+    start_timeout: float = 300.0
     temp_dir: Path | None = None
     gcs_port: int = 0
     dashboard_port: int = 0
     log_path: Path | None = None
+    last_error: str = ""
     _owned_temp: bool = False
 
     @property
@@ -100,26 +78,30 @@ class LocalRayCluster:
         env.setdefault("RAY_AUTH_MODE", "disabled")
         return env
 
-    def _run(self, args: list[str]) -> None:
+    def _run(self, command: str) -> None:
+        """One `ray start` line (the launcher's own `ray_start_command`), run by bash."""
         assert self.log_path is not None
+        env = _ray_cluster.ray_start_env(self._env(), None)
+        # the `ray` next to this interpreter first, as the launcher's environment would have it
+        env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
         with open(self.log_path, "ab") as log:
-            log.write(f"$ {' '.join(args)}\n".encode())
+            log.write(f"$ {command}\n".encode())
             log.flush()
-            proc = subprocess.run(args, env=self._env(), stdout=log, stderr=subprocess.STDOUT,
+            proc = subprocess.run(["bash", "-c", command], env=env, stdout=log, stderr=subprocess.STDOUT,
                                   stdin=subprocess.DEVNULL, timeout=self.start_timeout,
                                   preexec_fn=_raise_open_files_limit)
         if proc.returncode != 0:
-            raise RuntimeError(f"`{' '.join(args)}` failed with {proc.returncode}; see {self.log_path}:\n"
+            raise RuntimeError(f"`{command}` failed with {proc.returncode}; see {self.log_path}:\n"
                                + self.log_path.read_text(errors="replace")[-4000:])
 
-    def _node_args(self) -> list[str]:
-        ports = free_ports(len(_PORT_FLAGS) + 2)
-        args = ["--node-ip-address", "127.0.0.1", "--num-cpus", str(self.cpus_per_node),
-                "--num-gpus", str(self.gpus_per_node),
-                "--object-store-memory", str(self.object_store_bytes), "--disable-usage-stats"]
-        for flag, port in zip(_PORT_FLAGS, ports):
-            args += [flag, str(port)]
-        return args
+    def _spec(self, head_address: str | None = None) -> "_ray_cluster.RayNodeSpec":
+        ports = _ray_cluster.RayPorts.allocate("127.0.0.1")
+        if head_address is None:
+            self.gcs_port, self.dashboard_port = ports.gcs_port, ports.dashboard_port
+        return _ray_cluster.RayNodeSpec(
+            "127.0.0.1", ports, str(self.temp_dir), self.gpus_per_node, self.cpus_per_node,
+            head_address=head_address, object_store_bytes=self.object_store_bytes,
+        )
 
     def start(self, attempts: int = 2) -> "LocalRayCluster":
         """Start the nodes; a failed start is retried on fresh ports.
@@ -142,15 +124,10 @@ class LocalRayCluster:
             self.temp_dir = Path(tempfile.mkdtemp(prefix="mrc-", dir="/tmp"))
             self._owned_temp = True
         self.log_path = self.log_path or (self.temp_dir / "cluster.log")
-        self.gcs_port, self.dashboard_port, client_port = free_ports(3)
-        ray = _ray_cli()
         try:
-            self._run(ray + ["start", "--head", "--port", str(self.gcs_port),
-                             "--dashboard-host", "127.0.0.1", "--dashboard-port", str(self.dashboard_port),
-                             "--include-dashboard", "true", "--ray-client-server-port", str(client_port),
-                             "--temp-dir", str(self.temp_dir), *self._node_args()])
+            self._run(_ray_cluster.ray_start_command(self._spec()))
             for _ in range(self.nodes - 1):
-                self._run(ray + ["start", "--address", self.gcs_address, *self._node_args()])
+                self._run(_ray_cluster.ray_start_command(self._spec(self.gcs_address)))
             self.wait_ready()
         except BaseException:
             self.stop()
@@ -158,12 +135,15 @@ class LocalRayCluster:
         return self
 
     def alive_nodes(self) -> int:
+        """Nodes the head reports alive; 0 while its state API does not answer (why: `last_error`)."""
         url = f"{self.address}/api/v0/nodes?limit=100"
         try:
-            with urllib.request.urlopen(url, timeout=5) as resp:
+            with urllib.request.urlopen(url, timeout=15) as resp:
                 payload = json.loads(resp.read())
-        except (OSError, ValueError):
+        except (OSError, ValueError) as err:
+            self.last_error = f"{url}: {err}"
             return 0
+        self.last_error = ""
         return json.dumps(payload).count('"state": "ALIVE"')
 
     def wait_ready(self) -> None:
@@ -175,7 +155,8 @@ class LocalRayCluster:
         # the log goes into the message: stop() removes the temp dir that holds it
         tail = self.log_path.read_text(errors="replace")[-4000:] if self.log_path and self.log_path.exists() else ""
         raise RuntimeError(f"Ray cluster did not report {self.nodes} alive nodes within "
-                           f"{self.start_timeout:.0f}s; log tail:\n{tail}")
+                           f"{self.start_timeout:.0f}s (last answer: {self.last_error or 'fewer nodes alive'}, "
+                           f"load average {os.getloadavg()[0]:.1f}); log tail:\n{tail}")
 
     def stop(self) -> tuple[list[str], list[str]]:
         """End every daemon of the cluster (found by token). Returns (ended, survivors)."""

@@ -2,9 +2,9 @@
 
 Every process a run starts — the recipe, the launcher's `ray start` daemons, Ray workers, the
 trainer — inherits `MILES_TEST_TOKEN=<token>` from the recipe's environment. Ray daemons leave
-the recipe's process group (they call setsid), so ending a run means: signal the group, then
-every process whose `/proc/<pid>/environ` carries the token, escalating from SIGTERM to SIGKILL.
-Nothing is ever matched by name. After every run the harness asserts that no process carrying
+the recipe's process group (they call setsid), so ending a run means: every process whose
+`/proc/<pid>/environ` carries the token at the moment it is signalled, escalating from SIGTERM to
+SIGKILL. No process group is signalled and nothing is ever matched by name. After every run the harness asserts that no process carrying
 the token is alive.
 """
 
@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -23,10 +22,13 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from miles.testing.cases import RecipeCase
+from miles.utils.phases import PHASES_ENV, breakdown, read_marks
+from miles.utils.external_utils import processes as _processes
 from miles.testing.dry import scrubbed_env, tail
 
 TOKEN_ENV = "MILES_TEST_TOKEN"
 LOG_TAIL_LINES = 200
+PHASES_FILE = "phases.jsonl"
 
 
 def new_token() -> str:
@@ -34,90 +36,16 @@ def new_token() -> str:
 
 
 # -- finding and ending processes ---------------------------------------------------------
-
-def _proc_pids() -> Iterable[int]:
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            yield int(name)
-
-
-def _stat(pid: int) -> tuple[str, int, int] | None:
-    """(state, ppid, pgid) of a process, or None if it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read().decode(errors="replace")
-    except OSError:
-        return None
-    # comm may contain spaces and parentheses: split after the last ')'.
-    rest = data[data.rfind(")") + 2:].split()
-    try:
-        return rest[0], int(rest[1]), int(rest[2])
-    except (IndexError, ValueError):
-        return None
-
-
-def _alive(pid: int) -> bool:
-    st = _stat(pid)
-    return st is not None and st[0] not in ("Z", "X")
-
-
-def _protected() -> set[int]:
-    """This process and its ancestors: never signalled, whatever their environment says."""
-    pids = {0, 1}
-    pid = os.getpid()
-    while pid > 1 and pid not in pids:
-        pids.add(pid)
-        st = _stat(pid)
-        if st is None:
-            break
-        pid = st[1]
-    return pids
-
+# One implementation for launcher and harness: miles.utils.external_utils.processes. Every signal
+# goes to a pid that carries the token at that moment; a process group id is never signalled
+# (once the recipe has exited its group id may belong to an unrelated process).
 
 def token_pids(token: str, env_name: str = TOKEN_ENV) -> list[int]:
     """Live processes whose environment holds `<env_name>=<token>`."""
-    needle = f"{env_name}={token}".encode()
-    found = []
-    for pid in _proc_pids():
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                environ = f.read()
-        except OSError:
-            continue
-        if needle in environ.split(b"\0") and _alive(pid):
-            found.append(pid)
-    return sorted(found)
+    return _processes.pids_with_token(token, env_name)
 
 
-def group_pids(pgid: int) -> list[int]:
-    found = []
-    for pid in _proc_pids():
-        st = _stat(pid)
-        if st is not None and st[2] == pgid and st[0] not in ("Z", "X"):
-            found.append(pid)
-    return sorted(found)
-
-
-def describe(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
-    except OSError:
-        cmd = "?"
-    return f"{pid} {cmd[:200]}"
-
-
-def _signal_all(pids: Iterable[int], sig: int, pgid: int | None) -> None:
-    if pgid is not None and pgid > 1:
-        try:
-            os.killpg(pgid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-    for pid in pids:
-        try:
-            os.kill(pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
+describe = _processes.describe
 
 
 def end_processes(
@@ -127,48 +55,26 @@ def end_processes(
     grace: float = 10.0,
     reap: Sequence[subprocess.Popen] = (),
 ) -> tuple[list[str], list[str]]:
-    """End the process group `pgid` and every process carrying `token`.
+    """End every process carrying `token`: SIGTERM, then SIGKILL after `grace` seconds.
 
-    SIGTERM first; whatever is still alive after `grace` seconds gets SIGKILL. Processes that
-    appear meanwhile (a daemon forking) are picked up by re-scanning. Returns (ended, survivors)
-    as "pid cmdline" strings.
+    `pgid` is accepted for callers that still pass the recipe's group and is never signalled:
+    everything a run starts inherits the token, which is verified before each signal. Returns
+    (ended, survivors) as "pid cmdline" strings.
     """
-    protected = _protected()
-
-    def scan() -> list[int]:
-        pids = set(token_pids(token)) if token else set()
-        if pgid is not None and pgid > 1:
-            pids |= set(group_pids(pgid))
-        return sorted(pids - protected)
+    del pgid
+    if not token:
+        for p in reap:
+            p.poll()
+        return [], []
 
     def poll_children() -> None:
         for p in reap:
             p.poll()
 
-    targets = scan()
-    ended = [describe(p) for p in targets]
-    seen = set(targets)
-    if not targets:
-        poll_children()
-        return [], []
-    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
-        deadline = time.monotonic() + wait
-        _signal_all(targets, sig, pgid)
-        while True:
-            poll_children()
-            targets = scan()
-            fresh = [p for p in targets if p not in seen]
-            if fresh:
-                ended += [describe(p) for p in fresh]
-                seen.update(fresh)
-                _signal_all(fresh, sig, None)
-            if not targets or time.monotonic() >= deadline:
-                break
-            time.sleep(0.1)
-        if not targets:
-            break
-    poll_children()
-    return ended, [describe(p) for p in scan()]
+    found: dict[int, str] = {}
+    ended, survivors = _processes.end_marked_processes(token, TOKEN_ENV, grace_s=grace, on_poll=poll_children,
+                                                       descriptions=found)
+    return [found.get(p) or describe(p) for p in ended], [describe(p) for p in survivors]
 
 
 # -- a run and its record -------------------------------------------------------------------
@@ -250,6 +156,10 @@ class RecipeRun:
     def ok(self) -> bool:
         return self.returncode == 0 and not self.timed_out and not self.survivors
 
+    def phases(self) -> list[tuple[str, float]]:
+        """(label, seconds) per phase of the run: Ray start, submission, actors, loop, teardown."""
+        return breakdown(read_marks(self.out_dir / PHASES_FILE))
+
     def log_tail(self, n: int = LOG_TAIL_LINES) -> str:
         try:
             return tail(self.log_path.read_text(errors="replace"), n)
@@ -323,6 +233,7 @@ class RecipeRun:
             "peak_memory": max(mem) if mem else None,
             "returncode": self.returncode,
             "timed_out": self.timed_out,
+            "phases": [[label, round(seconds, 3)] for label, seconds in self.phases()],
         }
         record.update(extra or {})
         return record
@@ -366,6 +277,7 @@ def run_recipe(
         "PYTHONUNBUFFERED": "1",
         "NO_COLOR": "1",
         "CUDA_DEVICE_ORDER": "PCI_BUS_ID",  # NVML's order, so leased indices mean the same GPUs
+        PHASES_ENV: str(out_dir / PHASES_FILE),  # where the run's time goes (miles.utils.phases)
     }
     overrides.update(case.env)
     overrides.update(env or {})

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import re
 import sys
 from typing import Any, Sequence
 
@@ -92,6 +93,11 @@ def unit_interval(value: Any) -> float:
 
 class SuggestingArgumentParser(argparse.ArgumentParser):
     """argparse that names the closest known flag when it meets an unknown one."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # `--lr -1e-4` is a value (refused by the flag's own sign rule), not an unknown option
+        self._negative_number_matcher = re.compile(r"^-(\d+\.?\d*|\.\d+)(e[-+]?\d+)?$", re.IGNORECASE)
 
     def parse_args(self, args=None, namespace=None):  # type: ignore[override]
         namespace, extras = self.parse_known_args(args, namespace)
@@ -223,7 +229,10 @@ def _sampling(parser) -> None:
     g.add_argument("--diffusion-sde-type", choices=SDE_TYPES, default=None,
                    help="the step's SDE; unset: the family's default")
     g.add_argument("--diffusion-shift", type=positive_float, default=None,
-                   help="sigma schedule shift; unset: the family's default")
+                   help="sigma schedule shift; overrides the checkpoint's scheduler_config.json (its shift "
+                        "and dynamic shifting) with a warning; unset: the family's default")
+    g.add_argument("--diffusion-max-sequence-length", type=positive_int, default=None,
+                   help="prompt tokens, the pipeline's max_sequence_length; unset: the family pipeline's default")
     g.add_argument("--negative-prompt", default="", help="negative prompt for guidance")
     g.add_argument("--rollout-microgroup-size", type=positive_int, default=None,
                    help="samples of a prompt generated together; unset: all of them")
@@ -288,9 +297,12 @@ def _lora(parser) -> None:
 
 
 def _reward(parser) -> None:
+    from miles.rollout.rm_hub.registry import BUILTIN_REWARDS, CUSTOM_CONTRACT, rm_type
+
     g = parser.add_argument_group("reward", "--rm-type or --custom-rm-path (not with sft_loss)")
-    g.add_argument("--rm-type", default=None, help="built-in reward, e.g. ocr, pickscore")
-    g.add_argument("--custom-rm-path", default=None, help="reward function pkg.mod:fn")
+    g.add_argument("--rm-type", type=rm_type, default=None, metavar="NAME",
+                   help=f"the reward: one of {', '.join(BUILTIN_REWARDS)}, or 'custom' (with --custom-rm-path)")
+    g.add_argument("--custom-rm-path", default=None, help=f"reward function pkg.mod:fn: {CUSTOM_CONTRACT}")
     g.add_argument("--reward-key", default=None, help="key of the reward when the model returns a dict")
     g.add_argument("--rm-num-workers", type=positive_int, default=1, help="reward workers")
     g.add_argument("--rm-num-gpus-per-worker", type=non_negative_float, default=0.0,
@@ -346,7 +358,9 @@ def _logging(parser) -> None:
     g.add_argument("--wandb-project", default=None, help="wandb project")
     g.add_argument("--wandb-group", default=None, help="wandb group")
     g.add_argument("--wandb-run-name", default=None, help="wandb run name")
-    g.add_argument("--wandb-mode", choices=("online", "offline"), default="online", help="wandb mode")
+    g.add_argument("--wandb-mode", choices=("online", "offline", "disabled"), default=None,
+                   help="wandb mode; unset: $WANDB_MODE, else online")
+    _switch(g, "--wandb-required", "stop before training if wandb cannot start (default: warn and go on)")
     g.add_argument("--wandb-dir", default=None, help="wandb directory")
 
 

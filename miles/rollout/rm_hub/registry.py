@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import importlib
 from functools import lru_cache
 from typing import Any
 
 from miles.rollout.rm_hub.types import RewardError, RewardFn
+from miles.utils.dotted_path import DottedPathError, load_callable
 
 # Imported on first use so that asking for `brightness` never loads OCR or CLIP models.
 BUILTIN_REWARDS: dict[str, str] = {
@@ -16,24 +16,33 @@ BUILTIN_REWARDS: dict[str, str] = {
     "pickscore": "miles.rollout.rm_hub.pickscore:pickscore_reward",
 }
 CUSTOM = "custom"  # `rm_type` value that selects --custom-rm-path explicitly
+CUSTOM_CONTRACT = ("`async def rm(args, samples: list[RewardSample]) -> list[float]` (one score per sample; "
+                   "sample.prompt, sample.image [3,H,W] or [F,3,H,W] in [0,1], sample.metadata; "
+                   "dict scores need --reward-key)")
+
+
+def rm_type(value: str) -> str:
+    """argparse type of --rm-type: a built-in, 'custom', or a pkg.mod:fn path; else 'did you mean'."""
+    import argparse
+    import difflib
+
+    if value in BUILTIN_REWARDS or value == CUSTOM or ":" in value:
+        return value
+    close = difflib.get_close_matches(value, [*BUILTIN_REWARDS, CUSTOM], n=1, cutoff=0.6)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    raise argparse.ArgumentTypeError(
+        f"unknown reward {value!r}; {hint}built-ins: {', '.join(BUILTIN_REWARDS)}; or 'custom' with "
+        f"--custom-rm-path pkg.mod:fn"
+    )
 
 
 @lru_cache(maxsize=None)
 def load_function(path: str) -> RewardFn:
-    """`pkg.mod:fn` or `pkg.mod.fn` -> the function."""
-    module_name, sep, attr = path.partition(":")
-    if not sep:
-        module_name, _, attr = path.rpartition(".")
-    if not module_name or not attr:
-        raise RewardError(f"reward path {path!r} is not of the form 'module:fn' or 'module.fn'")
+    """`pkg.mod:fn` or `pkg.mod.fn` -> the function (the shared loader, errors as RewardError)."""
     try:
-        module = importlib.import_module(module_name)
-    except ImportError as err:
-        raise RewardError(f"cannot import reward module {module_name!r} of {path!r}: {err}") from err
-    fn = getattr(module, attr, None)
-    if not callable(fn):
-        raise RewardError(f"reward {path!r}: module {module_name!r} has no function {attr!r}")
-    return fn
+        return load_callable(path, what="reward")
+    except DottedPathError as err:
+        raise RewardError(str(err)) from err
 
 
 def reward_name(args: Any, metadata: dict[str, Any]) -> str:

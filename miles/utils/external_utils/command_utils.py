@@ -38,7 +38,9 @@ def get_default_wandb_args(recipe: str, run_id: str | None = None, *, project: s
     if not os.environ.get("WANDB_API_KEY"):
         return ""
     group = Path(recipe).stem
-    words = ["--use-wandb", "--wandb-project", project, "--wandb-group", group]
+    words = ["--use-wandb", "--wandb-group", group]
+    if not os.environ.get("WANDB_PROJECT"):  # wandb's own variable wins over the recipe's default
+        words += ["--wandb-project", project]
     if run_id:
         words += ["--wandb-run-name", f"{group}-{run_id}"]
     return shlex.join(words)

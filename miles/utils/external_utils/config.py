@@ -3,13 +3,23 @@
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import shlex
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from miles.utils.external_utils.env_vars import ExtraEnvVarsError, parse_extra_env_vars, redact_env
+from miles.utils.external_utils.env_vars import (
+    ExtraEnvVarsError,
+    parse_extra_env_vars,
+    parse_secret_env,
+    redact_env,
+    redact_text,
+    register_secret_names,
+)
+from miles.utils.external_utils.launch_mode import LaunchModeError, dry_run_switch, is_external_ray
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
@@ -17,6 +27,35 @@ REPO_ROOT = Path(__file__).resolve().parents[3]
 def create_run_id() -> str:
     """`20261129-081254-3fa9c1`: sortable by start time, unique across concurrent launches."""
     return f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
+
+
+RUN_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+DEFAULT_TRAIN_SCRIPT = "train_diffusion.py"
+
+
+class ScriptOptionError(ValueError):
+    """A shared script option is unusable; the message names the option and the fix."""
+
+
+def check_run_id(run_id: str) -> str:
+    """A run id is one path component: letters, digits, '.', '_', '-', not starting with '.' or '-'."""
+    if not RUN_ID_PATTERN.fullmatch(run_id or "") or run_id in (".", ".."):
+        raise ScriptOptionError(
+            f"--run-id {run_id!r} is not a single path component; fix: use letters, digits, '.', '_' and '-' "
+            f"only (it names <output-dir>/<run-id>), e.g. --run-id my-run-1"
+        )
+    return run_id
+
+
+def check_extra_args_flags(extra_args: str) -> None:
+    """Flags in --extra-args that train_diffusion.py does not know, caught before prepare() runs."""
+    from miles.utils.arguments import build_parser, unrecognized_message
+
+    known = set(build_parser().known_flags())
+    unknown = [w for w in shlex.split(extra_args or "") if w.startswith("--") and w.split("=", 1)[0] not in known]
+    if unknown:
+        raise ScriptOptionError(f"--extra-args: {unrecognized_message(unknown, sorted(known))} "
+                                f"(python3 train_diffusion.py --help lists every flag)")
 
 
 def _default_num_nodes() -> int:
@@ -55,10 +94,32 @@ class ExecuteTrainConfig:
     )
     extra_args: str = field(
         default="",
-        metadata={"help": "train_diffusion.py flags appended last, so they override the recipe's."},
+        metadata={"help": "train_diffusion.py flags appended last, so they override the recipe's.",
+                  "display": lambda text: redact_text(text) or "''"},
     )
     run_id: str = field(
         default_factory=create_run_id,
-        metadata={"help": "Names the run directory; naming an earlier run id reuses its directory.",
+        metadata={"help": "Names the run directory (one path component); naming an earlier run id reuses it.",
                   "default_help": "a fresh id per run"},
     )
+    secret_env: str = field(
+        default="",
+        metadata={"help": "More variable names to treat as secrets (redacted everywhere), e.g. 'DB_URL MY_CERT'. "
+                          "Names with a part KEY, SECRET, TOKEN, PASSWORD, PASSWD, CREDENTIAL(S), PAT, AUTH "
+                          "or PRIVATE are secrets already."},
+    )
+
+    def __post_init__(self) -> None:
+        """Checks that need nothing but the options, so a bad one stops the launch before prepare()
+        builds anything: exit status 2 and one line naming the fix."""
+        try:
+            register_secret_names(parse_secret_env(self.secret_env))
+            check_run_id(self.run_id)
+            parse_extra_env_vars(self.extra_env_vars)
+            dry_run_switch()
+            is_external_ray()
+            if str(getattr(self, "train_script", DEFAULT_TRAIN_SCRIPT)).endswith(DEFAULT_TRAIN_SCRIPT):
+                check_extra_args_flags(self.extra_args)
+        except (ScriptOptionError, ExtraEnvVarsError, LaunchModeError, ValueError) as err:
+            print(f"error: {err}", file=sys.stderr, flush=True)
+            raise SystemExit(2) from None

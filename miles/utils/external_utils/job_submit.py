@@ -12,7 +12,9 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from miles.utils.external_utils.env_vars import redact_env
+from pathlib import Path
+
+from miles.utils.external_utils.env_vars import redact_env, redact_text
 
 INTERRUPTED_EXIT_CODE = 130
 
@@ -40,8 +42,39 @@ class JobRequest:
         )
 
 
-def submit_and_follow(request: JobRequest) -> int:
-    """Submit, stream the job's output to stdout, return its exit status (non-zero on failure).
+class _JobOutput:
+    """The job's output: to stdout and to the job log, secrets redacted; remembers the last lines."""
+
+    def __init__(self, log_path: Path | None, secrets: list[str]):
+        self.secrets = secrets
+        self.log = open(log_path, "a") if log_path is not None else None
+        self.log_path = log_path
+        self.last_lines: list[str] = []
+
+    def write(self, chunk: str) -> None:
+        chunk = redact_text(chunk, self.secrets)
+        sys.stdout.write(chunk)
+        sys.stdout.flush()
+        if self.log is not None:
+            self.log.write(chunk)
+            self.log.flush()
+        self.last_lines = (self.last_lines + chunk.splitlines())[-200:]
+
+    def cause(self) -> str:
+        """The job's own one-line reason, if it printed one (train_diffusion.py: error: ...)."""
+        for line in reversed(self.last_lines):
+            if "error:" in line.lower() or line.startswith(("ValueError", "RuntimeError", "FileNotFoundError")):
+                return line.strip()
+        return ""
+
+    def close(self) -> None:
+        if self.log is not None:
+            self.log.close()
+
+
+def submit_and_follow(request: JobRequest, log_path: Path | None = None, secrets: list[str] = ()) -> int:
+    """Submit, stream the job's output to stdout (and `log_path`), return its exit status
+    (non-zero on failure); after a failure the last line printed names the cause and the log.
 
     Ctrl-C stops the job and returns 130.
     """
@@ -53,19 +86,26 @@ def submit_and_follow(request: JobRequest) -> int:
     job_id = client.submit_job(
         entrypoint=request.entrypoint, runtime_env=request.runtime_env, submission_id=request.submission_id
     )
+    output = _JobOutput(log_path, list(secrets))
     try:
-        asyncio.run(_stream_logs(client, job_id))
-        return _exit_status(client, job_id)
+        asyncio.run(_stream_logs(client, job_id, output))
+        status = _exit_status(client, job_id)
+        if status != 0:
+            cause = output.cause() or "see the log above"
+            where = f"; job log: {log_path}" if log_path is not None else ""
+            print(f"error: the training job failed (exit {status}): {cause}{where}", file=sys.stderr, flush=True)
+        return status
     except KeyboardInterrupt:
         print(f"\ninterrupted: stopping Ray job {job_id}", file=sys.stderr, flush=True)
         _stop_quietly(client, job_id)
         return INTERRUPTED_EXIT_CODE
+    finally:
+        output.close()
 
 
-async def _stream_logs(client, job_id: str) -> None:
+async def _stream_logs(client, job_id: str, output: _JobOutput) -> None:
     async for chunk in client.tail_job_logs(job_id):
-        sys.stdout.write(chunk)
-        sys.stdout.flush()
+        output.write(chunk)
 
 
 def _exit_status(client, job_id: str, settle_s: float = 30.0) -> int:

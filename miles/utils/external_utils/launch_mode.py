@@ -1,25 +1,124 @@
-"""The environment switches that change what the launcher does."""
+"""The environment switches that change what the launcher does, read fail-closed.
+
+MILES_SCRIPT_ENABLE_RAY_SUBMIT (alias: ENABLE_RAY_SUBMIT) and MILES_SCRIPT_EXTERNAL_RAY accept
+1/true/yes/on and 0/false/no/off (any case); any other value stops the launch with exit status 2,
+so a typo can never turn a dry run into a real one.
+"""
 
 from __future__ import annotations
 
 import os
+import sys
+from collections.abc import Mapping
+from urllib.parse import urlparse
 
 DRY_RUN_ENV = "MILES_SCRIPT_ENABLE_RAY_SUBMIT"
+DRY_RUN_ALIAS_ENV = "ENABLE_RAY_SUBMIT"
 EXTERNAL_RAY_ENV = "MILES_SCRIPT_EXTERNAL_RAY"
+EXTERNAL_ADDRESS_ENV = "MILES_SCRIPT_RAY_ADDRESS"  # the explicit address of an external cluster
 RAY_ADDRESS_ENV = "RAY_ADDRESS"
 DEFAULT_JOB_SERVER = "http://127.0.0.1:8265"
+TRUE_WORDS = ("1", "true", "yes", "on")
+FALSE_WORDS = ("0", "false", "no", "off")
+ACCEPTED = "1/true/yes/on or 0/false/no/off"
+
+
+class LaunchModeError(ValueError):
+    """A launcher switch or address is malformed; the message names the variable and the fix."""
+
+
+def parse_switch(name: str, raw: str) -> bool:
+    word = raw.strip().lower()
+    if word in TRUE_WORDS:
+        return True
+    if word in FALSE_WORDS:
+        return False
+    raise LaunchModeError(f"{name}={raw!r} is not a switch value; fix: use {ACCEPTED}")
+
+
+def dry_run_switch(environ: Mapping[str, str] | None = None) -> tuple[bool, str]:
+    """(dry run?, which variable decided: MILES_SCRIPT_ENABLE_RAY_SUBMIT, ENABLE_RAY_SUBMIT or 'default')."""
+    environ = os.environ if environ is None else environ
+    decided = {}
+    for name in (DRY_RUN_ENV, DRY_RUN_ALIAS_ENV):
+        raw = environ.get(name)
+        if raw is not None and raw.strip():
+            decided[name] = not parse_switch(name, raw)  # submit off = dry run
+    if len(set(decided.values())) > 1:
+        raise LaunchModeError(
+            f"{DRY_RUN_ENV}={environ[DRY_RUN_ENV]!r} and {DRY_RUN_ALIAS_ENV}={environ[DRY_RUN_ALIAS_ENV]!r} "
+            f"disagree; fix: unset one of them"
+        )
+    for name, dry in decided.items():
+        return dry, name
+    return False, "default"
+
+
+def _or_exit(fn, *args):
+    try:
+        return fn(*args)
+    except LaunchModeError as err:
+        print(f"error: {err}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
 
 
 def is_dry_run() -> bool:
-    """True with MILES_SCRIPT_ENABLE_RAY_SUBMIT=0: show everything, start and write nothing else."""
-    return os.environ.get(DRY_RUN_ENV, "1").strip().lower() in ("0", "false", "no", "off")
+    """True with MILES_SCRIPT_ENABLE_RAY_SUBMIT=0 (or ENABLE_RAY_SUBMIT=0): show everything, start
+    nothing. A value that is no switch value exits with status 2."""
+    return _or_exit(dry_run_switch)[0]
 
 
 def is_external_ray() -> bool:
     """True with MILES_SCRIPT_EXTERNAL_RAY=1: a cluster exists; only submit to it."""
-    return os.environ.get(EXTERNAL_RAY_ENV, "0").strip().lower() in ("1", "true", "yes", "on")
+    raw = os.environ.get(EXTERNAL_RAY_ENV, "")
+    return bool(raw.strip()) and _or_exit(parse_switch, EXTERNAL_RAY_ENV, raw)
+
+
+def external_address(environ: Mapping[str, str] | None = None) -> tuple[str, str]:
+    """(job server URL, which variable gave it) for external mode: MILES_SCRIPT_RAY_ADDRESS, else
+    RAY_ADDRESS, else the default local dashboard. The URL must be http(s)://host:port."""
+    environ = os.environ if environ is None else environ
+    for name in (EXTERNAL_ADDRESS_ENV, RAY_ADDRESS_ENV):
+        raw = (environ.get(name) or "").strip()
+        if raw:
+            return check_job_server_url(name, raw), name
+    return DEFAULT_JOB_SERVER, "default"
+
+
+def check_job_server_url(name: str, raw: str) -> str:
+    parsed = urlparse(raw)
+    if parsed.scheme not in ("http", "https"):
+        hint = (" (host:port without a scheme is what Ray reads as a GCS address)" if "://" not in raw else "")
+        raise LaunchModeError(
+            f"{name}={raw!r} is not a Ray job server URL{hint}; fix: give the dashboard address, "
+            f"e.g. {name}=http://HOST:8265"
+        )
+    try:
+        port = parsed.port
+    except ValueError:
+        port = None
+    if not parsed.hostname or port is None:
+        raise LaunchModeError(f"{name}={raw!r} lacks a host or port; fix: e.g. {name}=http://HOST:8265")
+    return raw.rstrip("/")
 
 
 def external_job_server() -> str:
-    address = os.environ.get(RAY_ADDRESS_ENV) or DEFAULT_JOB_SERVER
-    return address if "://" in address else f"http://{address}"
+    return _or_exit(external_address)[0]
+
+
+def check_reachable(url: str, name: str, timeout: float = 3.0) -> None:
+    """Raise LaunchModeError in one line unless the job server at `url` answers within `timeout`."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"{url}/api/version", timeout=timeout):
+            return
+    except urllib.error.HTTPError:
+        return  # something answers HTTP there; Ray's own client reports what it dislikes
+    except (OSError, ValueError) as err:
+        reason = getattr(err, "reason", err)
+        raise LaunchModeError(
+            f"no Ray job server answers at {url} (from {name}) within {timeout:.0f}s: {reason}; fix: start the "
+            f"cluster (ray start --head --dashboard-host 0.0.0.0) or correct {name}"
+        ) from None

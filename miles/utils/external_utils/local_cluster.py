@@ -52,15 +52,19 @@ def start_node(
     output_dir: str | Path,
     cuda_visible_devices: str | None,
     inherited_env: Mapping[str, str] | None = None,
+    log_path: str | Path | None = None,
 ) -> None:
     """`ray start` with the record's token in its environment; records the process groups.
 
     `inherited_env` reaches every worker and job on this node through the raylet's environment.
+    Ray's start-up banner (and its advice to run `ray stop`, which would end every Ray on the host)
+    goes to `log_path` (default `<output_dir>/.launcher/<role>.log`), not to the terminal.
     """
     raise_open_files_limit()
     record.save(output_dir)  # before starting: a crash mid-start must still be cleanable
     env = ray_start_env(environ_with_token(record.token, **(inherited_env or {})), cuda_visible_devices)
-    exec_command(ray_start_command(spec, cuda_visible_devices), env=env, dry_run=False)
+    log_path = Path(log_path) if log_path else LaunchRecord.path_for(output_dir, record.role).with_suffix(".log")
+    exec_command(ray_start_command(spec, cuda_visible_devices), env=env, dry_run=False, log_path=log_path)
     record.pgids = pgids_of(pids_with_token(record.token))
     record.save(output_dir)
 
@@ -109,7 +113,9 @@ def start_ray_worker(
     status = 1
     try:
         start_node(spec, record, output_dir, cuda_visible_devices)
-        print(f"joined {head_address} as a Ray node; blocking until interrupted or the head goes away", flush=True)
+        print(f"joined {head_address} as a Ray node (node {spec.node_ip or 'picked by Ray'}); Ray's output is in "
+              f"{LaunchRecord.path_for(output_dir, role).with_suffix('.log')}; blocking until interrupted or the "
+              f"head goes away", flush=True)
         status = _block_while_head_alive(head_address, token, poll_s, head_lost_after)
     except KeyboardInterrupt:
         print("interrupted: leaving the cluster", flush=True)

@@ -32,6 +32,7 @@ class LaunchPlan:
     dry_run: bool
     ray: dict[str, Any]
     commands: list[str] = field(default_factory=list)
+    dry_run_decided_by: str = "default"  # MILES_SCRIPT_ENABLE_RAY_SUBMIT, ENABLE_RAY_SUBMIT or default
     version: int = PLAN_VERSION
 
     def to_dict(self) -> dict[str, Any]:
@@ -39,8 +40,11 @@ class LaunchPlan:
         return {"version": data.pop("version"), **data}
 
     def write(self) -> Path:
+        from miles.utils.external_utils.env_vars import redact_text
+
         path = Path(self.run_dir) / PLAN_FILE_NAME
-        write_text_atomically(path, json.dumps(self.to_dict(), indent=2) + "\n")
+        # values of secrets found anywhere (a key inside a URL, a flag value) go too
+        write_text_atomically(path, redact_text(json.dumps(self.to_dict(), indent=2)) + "\n")
         return path
 
 

@@ -16,7 +16,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -79,25 +79,29 @@ def environ_with_token(token: str, base: Mapping[str, str] | None = None, **extr
     return env
 
 
-def pids_with_token(token: str) -> list[int]:
-    """Live processes whose initial environment holds MILES_LAUNCH_TOKEN=token (not us or our ancestors)."""
-    needle = f"{TOKEN_ENV}={token}".encode()
+def _environ_has(pid: int, needle: bytes) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as fh:
+            return needle in fh.read().split(b"\0")
+    except OSError:  # gone, or not ours to read: either way not ours to end
+        return False
+
+
+def _needle(token: str, env_name: str) -> bytes:
+    return f"{env_name}={token}".encode()
+
+
+def pids_with_token(token: str, env_name: str = TOKEN_ENV) -> list[int]:
+    """Live processes whose initial environment holds `<env_name>=<token>` (not us or our ancestors)."""
+    needle = _needle(token, env_name)
     spared = _self_and_ancestors()
-    found = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit() or int(entry.name) in spared:
-            continue
-        try:
-            with open(f"/proc/{entry.name}/environ", "rb") as fh:
-                if needle in fh.read().split(b"\0"):
-                    found.append(int(entry.name))
-        except OSError:  # gone, or not ours to read: either way not ours to end
-            continue
-    return found
+    return sorted(int(e.name) for e in os.scandir("/proc")
+                  if e.name.isdigit() and int(e.name) not in spared and is_alive(int(e.name))
+                  and _environ_has(int(e.name), needle))
 
 
 def _self_and_ancestors() -> set[int]:
-    pids, pid = set(), os.getpid()
+    pids, pid = {0, 1}, os.getpid()
     while pid > 1 and pid not in pids:
         pids.add(pid)
         pid = _parent_pid(pid)
@@ -116,37 +120,74 @@ def _parent_pid(pid: int) -> int:
 def is_alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+            return fh.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
     except (OSError, IndexError):
         return False
 
 
-def end_processes(pids: Iterable[int], grace_s: float = 10.0) -> list[int]:
-    """SIGTERM, wait up to grace_s, then SIGKILL what is left. Returns the pids signalled."""
-    pids = [p for p in pids if is_alive(p)]
-    _signal_all(pids, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline and any(is_alive(p) for p in pids):
-        time.sleep(0.1)
-    _signal_all([p for p in pids if is_alive(p)], signal.SIGKILL)
-    return pids
+def describe(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            cmd = fh.read().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        cmd = "?"
+    return f"{pid} {cmd[:200]}"
 
 
-def _signal_all(pids: Iterable[int], sig: int) -> None:
-    for pid in pids:
-        try:
-            os.kill(pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
+def signal_if_marked(pid: int, sig: int, token: str, env_name: str = TOKEN_ENV) -> bool:
+    """Signal `pid` only if, right now, its environment carries the token: a pid (or a process
+    group id) seen earlier may belong to someone else by now. Never a process group."""
+    if pid in _self_and_ancestors() or not _environ_has(pid, _needle(token, env_name)):
+        return False
+    try:
+        os.kill(pid, sig)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
+def end_marked_processes(
+    token: str,
+    env_name: str = TOKEN_ENV,
+    *,
+    grace_s: float = 10.0,
+    kill_wait_s: float = 5.0,
+    on_poll: Callable[[], None] | None = None,
+    descriptions: dict[int, str] | None = None,
+) -> tuple[list[int], list[int]]:
+    """End every process carrying `<env_name>=<token>`: SIGTERM, up to `grace_s`, then SIGKILL.
+    Processes that appear meanwhile (a daemon forking) are found by re-scanning. Each signal goes
+    to a pid re-verified as carrying the token at that moment. Returns (ended, survivors).
+
+    The one cleanup of launcher and test harness alike; `on_poll` lets a caller reap children;
+    `descriptions` receives "pid cmdline" of each process when it is first found."""
+    poll = on_poll or (lambda: None)
+    seen: list[int] = []
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, kill_wait_s)):
+        deadline = time.monotonic() + wait
+        signalled: set[int] = set()
+        while True:
+            poll()
+            targets = pids_with_token(token, env_name)
+            for pid in targets:
+                if pid not in seen:
+                    seen.append(pid)
+                    if descriptions is not None:
+                        descriptions[pid] = describe(pid)
+                if pid not in signalled and signal_if_marked(pid, sig, token, env_name):
+                    signalled.add(pid)
+            if not targets or time.monotonic() >= deadline:
+                break
+            time.sleep(0.1)
+        if not targets:
+            break
+    poll()
+    return seen, pids_with_token(token, env_name)
 
 
 def end_token_processes(token: str, grace_s: float = 10.0) -> list[int]:
-    """End every process carrying the token; repeat once for children spawned meanwhile."""
-    ended = end_processes(pids_with_token(token), grace_s)
-    late = pids_with_token(token)
-    if late:
-        ended += end_processes(late, grace_s=2.0)
-    return ended
+    """End every process carrying the launcher's token; returns the pids found."""
+    return end_marked_processes(token, TOKEN_ENV, grace_s=grace_s)[0]
 
 
 def pgids_of(pids: Iterable[int]) -> list[int]:
@@ -171,8 +212,10 @@ def exec_command(
     check: bool = True,
     capture_output: bool = False,
     dry_run: bool | None = None,
+    log_path: str | Path | None = None,
 ) -> subprocess.CompletedProcess:
-    """Print `EXEC: <cmd>` and run it with bash; in a dry run only print it."""
+    """Print `EXEC: <cmd>` and run it with bash; in a dry run only print it. With `log_path` the
+    command's output is appended there instead of shown."""
     text = cmd if isinstance(cmd, str) else shlex.join(cmd)
     print_exec(text)
     if dry_run is None:
@@ -180,6 +223,13 @@ def exec_command(
     if dry_run:
         return subprocess.CompletedProcess(text, 0, "" if capture_output else None, "" if capture_output else None)
     sys.stdout.flush()
+    if log_path is not None:
+        Path(log_path).parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "a") as log:
+            log.write(f"$ {text}\n")
+            log.flush()
+            return subprocess.run(["bash", "-c", text], env=None if env is None else dict(env), cwd=cwd,
+                                  check=check, stdout=log, stderr=subprocess.STDOUT, text=True)
     return subprocess.run(
         ["bash", "-c", text], env=None if env is None else dict(env), cwd=cwd, check=check,
         capture_output=capture_output, text=True,

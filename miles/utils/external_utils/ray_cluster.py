@@ -96,6 +96,7 @@ class RayNodeSpec:
     num_gpus: int
     num_cpus: int | None = None
     head_address: str | None = None
+    object_store_bytes: int | None = None  # None: Ray's default share of memory
 
     @property
     def is_head(self) -> bool:
@@ -144,6 +145,8 @@ def ray_start_command(spec: RayNodeSpec, cuda_visible_devices: str | None = None
     ]
     if spec.num_cpus is not None:
         words.append(f"--num-cpus={spec.num_cpus}")
+    if spec.object_store_bytes is not None:
+        words.append(f"--object-store-memory={spec.object_store_bytes}")
     words.append("--disable-usage-stats")
     prefix = f"CUDA_VISIBLE_DEVICES={shlex.quote(cuda_visible_devices)} " if cuda_visible_devices else ""
     return prefix + shlex.join(words)
@@ -158,9 +161,28 @@ def ray_start_env(base: dict[str, str], cuda_visible_devices: str | None) -> dic
     # Ray turns token auth on by itself when some earlier command left ~/.ray/auth_token behind;
     # our own client then fails with 'Missing authentication token'. Opting in stays possible.
     env.setdefault("RAY_AUTH_MODE", "disabled")
+    env.update(SLOW_MACHINE_TIMEOUTS)
     if cuda_visible_devices:
         env["CUDA_VISIBLE_DEVICES"] = cuda_visible_devices
     return env
+
+
+# A node starts about fifteen Python processes (the dashboard runs each of its nine modules as
+# one). On a loaded machine (a parallel test suite on two cores, load 10-18) their imports take
+# minutes, while Ray's start-up limits assume seconds: a dashboard module gets 30 s to report
+# ready and the dashboard 60 s (missing either takes the job server and the state API down, and
+# the cluster looks empty: "second node not reported alive"); the raylet aborts when the
+# dashboard agent has not registered its ports in time (seen: "Check failed" in
+# WaitForDashboardAgentPorts, raylet gone); a worker that registers late is killed. Start-up may
+# be slow, it must not break. Liveness checks of running nodes keep Ray's defaults, so a dead
+# node is still noticed within seconds.
+SLOW_MACHINE_TIMEOUTS = {
+    "RAY_DASHBOARD_SUBPROCESS_MODULE_WAIT_READY_TIMEOUT": "600",
+    "RAY_DASHBOARD_STARTUP_TIMEOUT_S": "600",
+    "RAY_agent_register_timeout_ms": "600000",
+    "RAY_raylet_start_wait_time_s": "600",
+    "RAY_worker_register_timeout_seconds": "600",
+}
 
 
 def raise_open_files_limit(minimum: int = MIN_OPEN_FILES) -> int:

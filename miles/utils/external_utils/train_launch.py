@@ -16,7 +16,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from miles.utils.external_utils.config import REPO_ROOT, ExecuteTrainConfig
+from miles.utils import phases
+from miles.utils.external_utils.config import (
+    DEFAULT_TRAIN_SCRIPT,
+    REPO_ROOT,
+    ExecuteTrainConfig,
+    ScriptOptionError,
+    check_run_id,
+)
 from miles.utils.external_utils.env_vars import (
     ExtraEnvVarsError,
     build_job_env_vars,
@@ -24,10 +31,25 @@ from miles.utils.external_utils.env_vars import (
     master_addr,
     parse_extra_env_vars,
     redact_env,
+    redact_text,
+    secret_values,
 )
-from miles.utils.external_utils.flags import LockedFlagError, assemble_argv, check_locked_flags, locked_flag_values
+from miles.utils.external_utils.flags import (
+    LockedFlagError,
+    assemble_argv,
+    check_locked_flags,
+    flag_values,
+    locked_flag_values,
+)
 from miles.utils.external_utils.job_submit import INTERRUPTED_EXIT_CODE, JobRequest, submit_and_follow
-from miles.utils.external_utils.launch_mode import external_job_server, is_dry_run, is_external_ray
+from miles.utils.external_utils.launch_mode import (
+    RAY_ADDRESS_ENV,
+    LaunchModeError,
+    check_reachable,
+    dry_run_switch,
+    external_address,
+    is_external_ray,
+)
 from miles.utils.external_utils.local_cluster import HEAD_ROLE, end_recorded_run, start_node, stop_node
 from miles.utils.external_utils.plan import LaunchPlan
 from miles.utils.external_utils.processes import LaunchRecord, new_token, print_exec
@@ -40,7 +62,8 @@ from miles.utils.external_utils.ray_cluster import (
     wait_for_cluster_resources,
 )
 
-DEFAULT_TRAIN_SCRIPT = "train_diffusion.py"
+LAUNCHER_LOG = "launcher.log"  # Ray's start-up output and the launcher's own tracebacks
+JOB_LOG = "job.log"  # the job's whole output, secrets redacted
 
 
 @dataclass(frozen=True)
@@ -56,6 +79,10 @@ class LaunchError(RuntimeError):
     """A launch refused before anything started; the message says why and how to fix it."""
 
 
+class TrainArgvError(LaunchError):
+    """train_diffusion.py's own parser or rules reject the assembled argv."""
+
+
 @dataclass
 class _Launch:
     plan: LaunchPlan
@@ -63,6 +90,7 @@ class _Launch:
     node: RayNodeSpec | None  # None with an external cluster
     token: str
     node_secrets: dict[str, str]
+    secrets: list[str]  # values to redact from anything shown or written
 
 
 def execute_train(
@@ -85,18 +113,51 @@ def execute_train(
     `before_ray_job_submit(cluster_info)` runs right before submitting (not in a dry run), e.g. to
     wait for a GPU total with `wait_for_cluster_resources`.
     """
+    phases.mark("launch_start")
     try:
         launch = _plan_launch(train_args, num_gpus_per_node, config, locked_flags, train_script, ray_head_port)
-    except (LaunchError, LockedFlagError, ExtraEnvVarsError) as err:
+        _write_plan(launch.plan)
+        phases.mark("launch_planned")
+    except (LaunchError, LockedFlagError, ExtraEnvVarsError, LaunchModeError, ScriptOptionError) as err:
         print(f"error: {err}", file=sys.stderr, flush=True)
         raise SystemExit(2) from None
-    launch.plan.write()
     if launch.plan.dry_run:
         _show_dry_run(launch, before_ray_job_submit)
         return
     status = _run_launch(launch, config, before_ray_job_submit, cluster_wait_timeout)
     if status != 0:
         raise SystemExit(status)
+
+
+def _write_plan(plan: LaunchPlan) -> None:
+    """The first write of a launch: an unwritable --output-dir is one line, not a traceback."""
+    try:
+        plan.write()
+    except OSError as err:
+        raise LaunchError(
+            f"cannot write the run directory {plan.run_dir}: {err.strerror or err}; fix: pick an --output-dir "
+            f"you can write to"
+        ) from None
+
+
+def validate_train_argv(argv: list[str]) -> None:
+    """train_diffusion.py's own parser and rules over the assembled argv, in this process (no
+    torch, no Ray, no file opened): raises TrainArgvError with train_diffusion.py's message."""
+    import contextlib
+    import io
+
+    from miles.utils.arguments import parse_and_plan
+
+    stderr = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(stderr):
+            parse_and_plan(argv)
+    except SystemExit:  # argparse: unknown flag or bad value; its last line is the reason
+        lines = [line for line in stderr.getvalue().splitlines() if line.strip()]
+        reason = lines[-1] if lines else "rejected by train_diffusion.py's parser"
+        raise TrainArgvError(f"{reason} (in the assembled train argv: check the recipe and --extra-args)") from None
+    except ValueError as err:  # ConfigError: a rule between flags
+        raise TrainArgvError(f"train_diffusion.py: error: {err}") from None
 
 
 def _plan_launch(
@@ -107,13 +168,19 @@ def _plan_launch(
     train_script: str,
     ray_head_port: int | None,
 ) -> _Launch:
-    dry, external = is_dry_run(), is_external_ray()
+    (dry, dry_decided_by), external = dry_run_switch(), is_external_ray()
     _refuse_external_with_devices(external, config.cuda_visible_devices)
+    _refuse_too_few_devices(config.cuda_visible_devices, num_gpus_per_node)
+    check_run_id(config.run_id)
     locked = locked_flag_values(train_args, locked_flags)
     check_locked_flags(config.extra_args, locked)
-    env_vars = build_job_env_vars(REPO_ROOT, parse_extra_env_vars(config.extra_env_vars))
+    extra_env = parse_extra_env_vars(config.extra_env_vars)
+    env_vars = build_job_env_vars(REPO_ROOT, extra_env)
     run_dir = str(Path(config.output_dir).resolve() / config.run_id)
     argv = assemble_argv(run_dir, train_args, config.extra_args)
+    if _resolve_train_script(train_script) == REPO_ROOT / DEFAULT_TRAIN_SCRIPT:
+        validate_train_argv(argv)
+    address, address_from = _job_server_address(external)
     token = new_token()
     node = None if external else _head_spec(token, num_gpus_per_node, dry, ray_head_port)
     # Ray's runtime-env agent writes the runtime env, values included, to its log file. On a head
@@ -121,7 +188,7 @@ def _plan_launch(
     # instead; an external cluster leaves the runtime env as the only way in.
     node_secrets = {} if external else {k: v for k, v in env_vars.items() if is_secret_name(k)}
     job = JobRequest(
-        address=external_job_server() if external else node.job_server_url,
+        address=address or node.job_server_url,
         entrypoint=shlex.join(["python3", str(_resolve_train_script(train_script)), *argv]),
         env_vars=env_vars,
         submission_id=f"miles-{config.run_id}-{token[:6]}",
@@ -134,10 +201,35 @@ def _plan_launch(
         locked_flags=locked, runtime_env={"env_vars": redact_env(env_vars)}, num_nodes=config.num_nodes,
         num_gpus_per_node=num_gpus_per_node,
         cuda_visible_devices=config.cuda_visible_devices or os.environ.get("CUDA_VISIBLE_DEVICES"),
-        external_ray=external, dry_run=dry,
-        ray=({"job_server": job.address} if node is None else node.plan_entry()), commands=commands,
+        external_ray=external, dry_run=dry, dry_run_decided_by=dry_decided_by,
+        ray=({"job_server": job.address, "address_from": address_from} if node is None
+             else {**node.plan_entry(), "job_server": job.address, "address_from": "own head"}),
+        commands=commands,
     )
-    return _Launch(plan, job, node, token, node_secrets)
+    return _Launch(plan, job, node, token, node_secrets, secret_values(env_vars))
+
+
+def _job_server_address(external: bool) -> tuple[str | None, str]:
+    """External mode: the validated explicit address. Otherwise None (our own head's), and an
+    inherited RAY_ADDRESS is dropped from this process so Ray's client cannot prefer it."""
+    if external:
+        address, source = external_address()
+        os.environ.pop(RAY_ADDRESS_ENV, None)  # Ray's client would prefer it over the one we pass
+        return address, source
+    inherited = os.environ.pop(RAY_ADDRESS_ENV, None)
+    if inherited:
+        print(f"note: ignoring {RAY_ADDRESS_ENV}={inherited}: this launcher submits only to the head it starts "
+              f"(for an existing cluster set MILES_SCRIPT_EXTERNAL_RAY=1)", file=sys.stderr, flush=True)
+    return None, "own head"
+
+
+def _refuse_too_few_devices(cuda_visible_devices: str, num_gpus_per_node: int) -> None:
+    devices = [d for d in (cuda_visible_devices or "").split(",") if d.strip()]
+    if devices and len(devices) < num_gpus_per_node:
+        raise LaunchError(
+            f"--cuda-visible-devices {cuda_visible_devices} lists {len(devices)} GPU(s) but this recipe needs "
+            f"{num_gpus_per_node} per node; fix: list {num_gpus_per_node} GPUs or leave the option empty"
+        )
 
 
 def _refuse_external_with_devices(external: bool, cuda_visible_devices: str) -> None:
@@ -170,11 +262,11 @@ def _recipe_name() -> str:
 
 
 def _show_dry_run(launch: _Launch, hook: Callable[..., Any] | None) -> None:
-    print("dry run (MILES_SCRIPT_ENABLE_RAY_SUBMIT=0): nothing below is executed", flush=True)
+    print(f"dry run ({launch.plan.dry_run_decided_by}=0): nothing below is executed", flush=True)
     if launch.node is not None:
         print("cleanup: would end what an earlier run with this --output-dir recorded", flush=True)
     for command in launch.plan.commands:
-        print_exec(command)
+        print_exec(redact_text(command, launch.secrets))
     if hook is not None:
         print(f"before_ray_job_submit: would call {getattr(hook, '__name__', hook)!s} before submitting")
     print(f"plan: {Path(launch.plan.run_dir) / 'plan.json'}", flush=True)
@@ -183,27 +275,69 @@ def _show_dry_run(launch: _Launch, hook: Callable[..., Any] | None) -> None:
 def _run_launch(
     launch: _Launch, config: ExecuteTrainConfig, hook: Callable[..., Any] | None, cluster_wait_timeout: float
 ) -> int:
-    """Returns the job's exit status; the head this started is ended whatever happens."""
+    """Returns the job's exit status; the head this started is ended whatever happens. The last
+    line printed says where the results are, or what failed and where its log is."""
+    run_dir = Path(launch.plan.run_dir)
+    launcher_log = run_dir / LAUNCHER_LOG
     record = None
     status = 1
     try:
         with _sigterm_as_interrupt():
-            if launch.node is not None:
+            if launch.node is None:
+                check_reachable(launch.job.address, launch.plan.ray.get("address_from", "RAY_ADDRESS"))
+            else:
                 end_recorded_run(config.output_dir, HEAD_ROLE)
                 record = LaunchRecord(HEAD_ROLE, launch.token, ray_temp_dir=launch.node.temp_dir)
-                start_node(launch.node, record, config.output_dir, config.cuda_visible_devices, launch.node_secrets)
+                phases.mark("ray_head_start")
+                start_node(launch.node, record, config.output_dir, config.cuda_visible_devices, launch.node_secrets,
+                           log_path=launcher_log)
+                phases.mark("ray_head_ready")
+                print(f"Ray head up on {launch.node.node_ip}: job server {launch.node.job_server_url}, GCS "
+                      f"{launch.node.gcs_address}; Ray's own output is in {launcher_log}", flush=True)
             status = _submit_when_ready(launch, config, hook, cluster_wait_timeout)
+            phases.mark("job_end", status=status)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr, flush=True)
         status = INTERRUPTED_EXIT_CODE
+    except LaunchModeError as err:
+        print(f"error: {err}", file=sys.stderr, flush=True)
+        status = 2
     except subprocess.CalledProcessError as err:
-        print(f"error: command failed with status {err.returncode}: {err.cmd}", file=sys.stderr, flush=True)
+        print(f"error: command failed with status {err.returncode}: {redact_text(str(err.cmd), launch.secrets)}; "
+              f"its output: {launcher_log}", file=sys.stderr, flush=True)
     except TimeoutError as err:
         print(f"error: {err}", file=sys.stderr, flush=True)
+    except Exception as err:  # Ray's client and friends: the traceback to the log, one line here
+        _append_traceback(launcher_log, launch.secrets)
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        print(f"error: {type(err).__name__}: {redact_text(first, launch.secrets)}; traceback in {launcher_log}",
+              file=sys.stderr, flush=True)
     finally:
         if record is not None:
             stop_node(record, remove_temp_dir=status == 0)
+        phases.mark("teardown_end")
+    if status == 0:
+        print(_results_line(launch), flush=True)
     return status
+
+
+def _append_traceback(path: Path, secrets: list[str]) -> None:
+    import traceback
+
+    try:
+        with open(path, "a") as fh:
+            fh.write(redact_text(traceback.format_exc(), secrets))
+    except OSError:
+        pass
+
+
+def _results_line(launch: _Launch) -> str:
+    run_dir = Path(launch.plan.run_dir)
+    save = flag_values(launch.plan.argv).get("--save")
+    parts = [f"results: run dir {run_dir}", f"curves {run_dir / 'curves.png'}",
+             f"samples {run_dir / 'last_rollout.png'}",
+             f"checkpoint {save}" if save else "checkpoint none (no --save)"]
+    return "; ".join(parts)
 
 
 def _submit_when_ready(
@@ -216,8 +350,9 @@ def _submit_when_ready(
     if hook is not None:
         gcs_address = launch.node.gcs_address if launch.node else None
         _call_hook(hook, ClusterInfo(launch.job.address, gcs_address, launch.plan.run_dir))
-    print_exec(launch.job.display_command())
-    return submit_and_follow(launch.job)
+    print_exec(redact_text(launch.job.display_command(), launch.secrets))
+    phases.mark("job_submit")
+    return submit_and_follow(launch.job, Path(launch.plan.run_dir) / JOB_LOG, launch.secrets)
 
 
 def _call_hook(hook: Callable[..., Any], cluster: ClusterInfo) -> None:

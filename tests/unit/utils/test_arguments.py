@@ -51,7 +51,7 @@ DOCUMENTED_DEFAULTS = {
     "diffusion_debug_mode": False, "debug_skip_optimizer_step": False, "debug_rollout_only": False,
     "train_only": False, "debug_skip_weight_update_at": None, "deterministic_mode": False,
     "run_dir": None, "use_wandb": False, "wandb_project": None, "wandb_group": None,
-    "wandb_run_name": None, "wandb_mode": "online", "wandb_dir": None,
+    "wandb_run_name": None, "wandb_mode": None, "wandb_required": False, "wandb_dir": None,
     "custom_config_path": None, "validate_only": False,
 }
 

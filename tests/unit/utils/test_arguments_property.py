@@ -42,7 +42,7 @@ class Knobs:
     max_start: int = 0
 
     def argv(self) -> list[str]:
-        argv = ["--hf-checkpoint", f"/ckpt/{self.family}", "--num-rollout", "1", "--rm-type", "x",
+        argv = ["--hf-checkpoint", f"/ckpt/{self.family}", "--num-rollout", "1", "--rm-type", "brightness",
                 "--prompt-data", "p.jsonl", "--device", "cpu", "--colocate", "--num-gpus-per-node", "64",
                 "--rollout-batch-size", str(self.rollout_batch_size),
                 "--n-samples-per-prompt", str(self.n_samples),
@@ -100,7 +100,8 @@ def tiles(window: list, k: Knobs) -> list[list] | None:
 def brute_force_layout(k: Knobs, trained_steps: list[int]) -> dict | None:
     """Every rank's optimizer steps and forwards, with the counts, or None if anything is uneven."""
     world = k.nodes * k.gpus_per_node
-    if world % k.sp or (k.tile_samples is None) != (k.tile_steps is None):
+    # sequence parallelism is not implemented: any size but 1 is refused (miles/utils/validation.py)
+    if k.sp != 1 or world % k.sp or (k.tile_samples is None) != (k.tile_steps is None):
         return None
     dp = world // k.sp
     samples = k.rollout_batch_size * k.n_samples

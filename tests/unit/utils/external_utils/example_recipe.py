@@ -87,11 +87,11 @@ def train(args: ScriptArgs) -> None:
     """Assemble the flags and submit the job."""
     _maybe_fail(args, "train")
     recipe = U.select_recipe(_RECIPES, args.model_name)
-    ckpt_args = f"--hf-checkpoint {_assets_dir(args) / 'checkpoint.txt'} "
+    ckpt_args = f"--hf-checkpoint {_assets_dir(args) / 'checkpoint.txt'} --diffusion-model-family sd3 "
     rollout_args = f"--prompt-data {_assets_dir(args) / 'prompts.jsonl'} --num-rollout {args.num_rollout} "
     sampling_args = f"--diffusion-num-steps {recipe.diffusion_num_steps} --diffusion-kl-beta 0.0 "
     optimizer_args = f"--lr {recipe.lr} " + ("--use-ema " if args.use_ema else "")
-    misc_args = f"--device cpu --num-gpus-per-node {max(args.num_gpus_per_node, 1)} "
+    misc_args = f"--device cpu --num-gpus-per-node {max(args.num_gpus_per_node, 1)} --colocate --rm-type brightness "
     train_args = " ".join(
         [ckpt_args, rollout_args, sampling_args, optimizer_args, misc_args,
          U.get_default_wandb_args(__file__, args.run_id)]

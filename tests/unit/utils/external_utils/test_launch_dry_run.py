@@ -12,7 +12,8 @@ import pytest
 RECIPE = Path(__file__).with_name("example_recipe.py")
 SECRET = "wandb-secret-value-9f8e7d"
 PLAN_KEYS = ["version", "recipe", "run_id", "run_dir", "train_script", "argv", "locked_flags", "runtime_env",
-             "num_nodes", "num_gpus_per_node", "cuda_visible_devices", "external_ray", "dry_run", "ray", "commands"]
+             "num_nodes", "num_gpus_per_node", "cuda_visible_devices", "external_ray", "dry_run", "ray", "commands",
+             "dry_run_decided_by"]
 
 
 @pytest.fixture
@@ -73,10 +74,10 @@ def test_plan_has_the_documented_format_and_options_table_prints_first(sandbox):
 
 
 def test_extra_args_land_after_the_recipes_flags(sandbox):
-    assert _dry(sandbox, "--extra-args", "--diffusion-kl-beta 0.02").returncode == 0
+    assert _dry(sandbox, "--extra-args", "--lr 5e-4").returncode == 0
     argv = _plan(sandbox)["argv"]
-    assert argv[-2:] == ["--diffusion-kl-beta", "0.02"]
-    assert argv.index("--diffusion-kl-beta") < len(argv) - 2  # the recipe's own value comes first
+    assert argv[-2:] == ["--lr", "5e-4"]
+    assert argv.index("--lr") < len(argv) - 2  # the recipe's own value comes first
 
 
 def test_wandb_key_adds_flags_but_appears_nowhere(sandbox):

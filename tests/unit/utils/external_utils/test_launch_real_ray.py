@@ -109,6 +109,9 @@ def test_successful_job_exits_0_key_reaches_job_and_cluster_is_ended(tmp_path, t
         assert train.wait(timeout=240) == 0, log_path.read_text()[-3000:]
         log = log_path.read_text()
         assert "wandb key reached the job: True" in log
+        # Ray's banner (and its `ray stop` advice) stays in the launcher's log; the last line says where results are
+        assert "ray stop" not in log and "Local node IP" not in log
+        assert log.strip().splitlines()[-1].startswith(f"results: run dir {out / 'r2'}")
         assert "--diffusion-kl-beta 0.02" in log.split("TINY TRAIN argv:")[1].splitlines()[0]
         record = LaunchRecord.load(out, HEAD_ROLE)
         assert SECRET not in log
@@ -157,3 +160,47 @@ def test_external_ray_only_submits_and_leaves_the_cluster_running(tmp_path, trai
     finally:
         stop_node(record)
         end_recorded_run(tmp_path / "cluster", "external-head")  # its temp dir
+
+
+SWEEP_SECRETS = {  # name -> value; names the launcher's one rule calls secret, plus one given by --secret-env
+    "WANDB_API_KEY": SECRET, "HF_TOKEN": "hf-token-value-9z8y7x", "AWS_SECRET_ACCESS_KEY": "aws-secret-value-5k4j3h",
+    "GITHUB_PAT": "ghp-pat-value-2q1w0e", "DB_PASSWORD_2": "db-password-value-7u6i5o",
+    "CUSTOM_DSN": "postgres://u:dsn-value-3r4t5y@db/x",
+}
+SECRET_COUNT_TRAIN = textwrap.dedent("""
+    import os, sys
+    names = sys.argv[sys.argv.index("--secret-names") + 1].split(",")
+    print("secrets reached the job:", sum(bool(os.environ.get(n)) for n in names), flush=True)
+    sys.exit(3)  # a failed job keeps Ray's temp dir (its logs), so every file Ray wrote can be scanned
+""")
+
+
+@pytest.mark.timeout(300)
+def test_no_secret_value_is_in_any_file_of_the_ray_temp_dir_or_the_output_dir(tmp_path):
+    """Issue 11: one secret rule. Secrets from the shell, --extra-env-vars and --secret-env reach the
+    job, and no file Ray or the launcher wrote (Ray's session logs, runtime-env agent logs, the plan,
+    job.log, launcher.log) holds any of their values."""
+    script = tmp_path / "count_secrets.py"
+    script.write_text(SECRET_COUNT_TRAIN)
+    out, log_path = tmp_path / "out", tmp_path / "train.log"
+    from_shell = ("WANDB_API_KEY", "HF_TOKEN")
+    extra = " ".join(f"{k}={v}" for k, v in SWEEP_SECRETS.items() if k not in from_shell)
+    train = _start(["train", "--output-dir", str(out), "--run-id", "r5", "--train-script", str(script),
+                    "--extra-env-vars", extra, "--secret-env", "CUSTOM_DSN",
+                    "--extra-args", f"--secret-names {','.join(SWEEP_SECRETS)}"],
+                   log_path, **{k: SWEEP_SECRETS[k] for k in from_shell})
+    try:
+        assert train.wait(timeout=240) == 3, log_path.read_text()[-3000:]
+        log = log_path.read_text()
+        assert f"secrets reached the job: {len(SWEEP_SECRETS)}" in log
+        import json
+
+        ray_temp_dir = Path(json.loads((out / "r5" / "plan.json").read_text())["ray"]["temp_dir"])
+        ray_files = [p for p in ray_temp_dir.rglob("*") if p.is_file() and not p.is_symlink()]
+        out_files = [p for p in out.rglob("*") if p.is_file() and not p.is_symlink()]
+        assert any("session_" in str(p) for p in ray_files) and (out / "r5" / "job.log").is_file()
+        leaks = [(name, str(p)) for p in [*ray_files, *out_files, log_path] for name, value in SWEEP_SECRETS.items()
+                 if value.encode() in p.read_bytes()]
+        assert leaks == []
+    finally:
+        _end_everything([train], [(out, HEAD_ROLE)])
