@@ -11,15 +11,46 @@ from typing import Sequence
 
 from miles.utils.arguments import parse_command_line
 from miles.utils.batching import BatchPlan
+from miles.utils import phases
+from miles.utils.numerics import pin_this_process
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    phases.mark("driver_process_start", t=phases.process_started_at())
     try:
         args, plan = parse_command_line(argv)
     except SystemExit as exit:  # --help, --validate-only, and every parse error end here
         return exit.code if isinstance(exit.code, int) else (0 if exit.code is None else 1)
     print(plan.table(), flush=True)
-    return train(args, plan)
+    pin_this_process()  # before train() imports torch: a direct run gets the launcher's numerics too
+    try:
+        return train(args, plan)
+    except Exception as err:  # one line here; the traceback goes to the run dir
+        return report_failure(args, err)
+
+
+def report_failure(args: Namespace, err: BaseException) -> int:
+    """Print the cause as one line (the last line of the job's output, which the launcher repeats)
+    and keep the whole traceback in <run_dir>/traceback.txt."""
+    import traceback
+    from pathlib import Path
+
+    text = "".join(traceback.format_exception(err))
+    cause = err
+    while getattr(cause, "cause", None) is not None and cause.cause is not cause:  # Ray wraps the actor's error
+        cause = cause.cause
+    lines = [line.strip() for line in str(cause).splitlines() if line.strip()]
+    where = "traceback above"
+    try:
+        path = Path(args.run_dir or ".") / "traceback.txt"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        where = f"traceback: {path}"
+    except OSError:
+        print(text, file=sys.stderr)
+    print(f"train_diffusion.py: error: {type(cause).__name__}: {lines[0] if lines else '(no message)'} ({where})",
+          file=sys.stderr, flush=True)
+    return 1
 
 
 def train(args: Namespace, plan: BatchPlan) -> int:
@@ -38,6 +69,7 @@ def train(args: Namespace, plan: BatchPlan) -> int:
     from miles.ray.rollout_manager import RolloutManager
     from miles.ray.train_actor_group import TrainActorGroup
 
+    phases.mark("driver_imports_done")
     args.run_dir = args.run_dir or f"runs/{time.strftime('%Y%m%d-%H%M%S')}"
     # set before the first actor starts: cuBLAS reads it at initialisation
     runtime_env = {"env_vars": {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}} if args.deterministic_mode else None
@@ -53,6 +85,7 @@ def train(args: Namespace, plan: BatchPlan) -> int:
     rollout = SFTSource(args) if sft else RolloutManager(args, placement, pg, runtime_env)
     if trainer is not None and (lora := trainer.lora_spec()) is not None:
         rollout.apply_lora(lora, trainer.components())
+    phases.mark("actors_ready")
 
     start_id, resumed = args.start_rollout_id or 0, False
     found = ckpt.latest_checkpoint(args.load) if args.load else None
@@ -67,12 +100,13 @@ def train(args: Namespace, plan: BatchPlan) -> int:
         resumed = True
     end_id = args.num_rollout or args.num_epoch * rollout.dataset.batches_per_epoch(args.rollout_batch_size)
 
-    write_run_json(args.run_dir, sys.argv[1:], resumed=resumed, start_rollout_id=start_id)
+    write_run_json(args.run_dir, sys.argv[1:], resumed=resumed, start_rollout_id=start_id, device=args.device)
     logger = MetricsLogger(args.run_dir, deterministic=args.deterministic_mode, start_rollout_id=start_id,
                            wandb_run=init_wandb(args))
     progress = Progress(start_id, end_id)
     log(f"training rollouts {start_id}..{end_id - 1} ({'resumed from ' + str(found[1]) if resumed else 'fresh'}); "
         f"run dir {args.run_dir}")
+    phases.mark("loop_start")
     for rollout_id in range(start_id, end_id):
         began = time.perf_counter()
         batch, metrics = rollout.generate(rollout_id)
@@ -93,9 +127,11 @@ def train(args: Namespace, plan: BatchPlan) -> int:
             (staging / "trainer.json").write_text(f'{{"rollout_id": {rollout_id}}}\n')
             log(f"saved checkpoint {ckpt.commit(staging, args.save, rollout_id)}")
 
+    phases.mark("loop_end")
     logger.close()
     plot_curves(args.run_dir)
-    save_image_grid(rollout.last_images, Path(args.run_dir) / "last_rollout.png")
+    save_image_grid(rollout.last_images, Path(args.run_dir) / "last_rollout.png",
+                    captions=getattr(rollout, "last_captions", None))  # SFT: no images, no captions
     rollout.shutdown()
     if trainer is not None:
         trainer.shutdown()

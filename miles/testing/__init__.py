@@ -7,6 +7,7 @@ Registered for this repository by the root `conftest.py`; elsewhere load it with
 from miles.testing.cases import (
     CPU_PROXY_ARGS,
     RecipeCase,
+    Signal,
     Tolerance,
     case_of,
     discover_recipes,
@@ -21,6 +22,7 @@ pytest_plugins = ["miles.testing.plugin"]
 __all__ = [
     "CPU_PROXY_ARGS",
     "RecipeCase",
+    "Signal",
     "Tolerance",
     "case_of",
     "discover_recipes",

@@ -47,6 +47,40 @@ class Tolerance:
         return abs(actual - expected) <= self.abs + self.rel * abs(expected)
 
 
+SIGNAL_KINDS = ("rises", "falls", "positive")
+
+
+@dataclass(frozen=True)
+class Signal:
+    """What shows a run learned, on any machine: `rises` (last value above the first), `falls`
+    (below), `positive` (above zero at every rollout, e.g. a gradient norm where two rollouts
+    are too few for a trend). Asserted on every run, whatever its environment."""
+
+    metric: str
+    kind: str
+
+    def __post_init__(self) -> None:
+        if self.kind not in SIGNAL_KINDS:
+            raise ValueError(f"Signal kind must be one of {SIGNAL_KINDS}, got {self.kind!r}")
+
+    def __str__(self) -> str:
+        return f"{self.metric} {self.kind}"
+
+    def problem(self, series: Sequence[object]) -> str | None:
+        """None when the series shows the signal, else what is missing."""
+        values = [v for v in series if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        if len(values) != len(series) or not values:
+            return f"learning signal '{self}': no numeric series (got {list(series)!r})"
+        if self.kind == "positive":
+            bad = [i for i, v in enumerate(values) if not v > 0]
+            return None if not bad else f"learning signal '{self}': not above 0 at index {bad} ({values})"
+        if len(values) < 2:
+            return f"learning signal '{self}': needs at least two rollouts, got {values}"
+        first, last = values[0], values[-1]
+        ok = last > first if self.kind == "rises" else last < first
+        return None if ok else f"learning signal '{self}': {first!r} -> {last!r}"
+
+
 @dataclass(frozen=True)
 class RecipeCase:
     """One way of running one recipe.
@@ -64,8 +98,15 @@ class RecipeCase:
     labels: free-form tags for selection in CI.
     variant: distinguishes several cases of one recipe on the same tier.
     parity: whether the run must log the train/rollout parity probe (exactly 0.0).
-    ray_nodes: 0 = the recipe starts its own Ray head; N >= 1 = the harness builds an N-node
-        cluster on loopback and runs the recipe against it with MILES_SCRIPT_EXTERNAL_RAY=1.
+    signals: `Signal`s the run must show on any machine (asserted even when the environment
+        differs from the standard's and the strict series are not compared).
+    ray_nodes: 0 = one node (see own_head); N >= 1 = the harness builds an N-node cluster on
+        loopback for this run and runs the recipe against it with MILES_SCRIPT_EXTERNAL_RAY=1.
+    own_head: with ray_nodes=0, whether the recipe starts its own Ray head through the full
+        launcher path. CPU-tier cases default to False: they run, one after another, against a
+        one-node cluster their pytest(-xdist) worker starts once (external-Ray mode; each run
+        still its own job, output dir and token), which saves a head start per case. GPU-tier
+        cases always start their own head (the leased GPUs are fixed at `ray start`).
     root: repository root the script is relative to (None = found from pytest's rootdir).
     """
 
@@ -82,7 +123,9 @@ class RecipeCase:
     labels: tuple[str, ...] = ()
     variant: str = ""
     parity: bool = True
+    signals: tuple[Signal, ...] = ()
     ray_nodes: int = 0
+    own_head: bool = False
     name: str = ""
     root: Path | None = None
 
@@ -104,6 +147,10 @@ class RecipeCase:
         object.__setattr__(self, "metrics", tuple(self.metrics))
         object.__setattr__(self, "suites", tuple(self.suites))
         object.__setattr__(self, "labels", tuple(self.labels))
+        object.__setattr__(self, "signals", tuple(self.signals))
+        for signal in self.signals:
+            if not isinstance(signal, Signal):
+                raise TypeError(f"{self.script}: signals must be Signal(metric, kind), got {signal!r}")
         object.__setattr__(self, "env", dict(self.env))
         object.__setattr__(self, "tolerances", dict(self.tolerances))
         if not self.name:
@@ -140,6 +187,10 @@ class RecipeCase:
         return cls._tier("gpu", script, gpus=gpus, **kw)
 
     # -- derived facts -------------------------------------------------------------------
+    @property
+    def uses_shared_cluster(self) -> bool:
+        return self.tier == "cpu" and self.ray_nodes == 0 and not self.own_head
+
     @property
     def stem(self) -> str:
         return Path(self.script).stem

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import warnings
 from pathlib import Path
 
 import pytest
@@ -17,10 +18,13 @@ from miles.testing.leases import DEFAULT_LOCK_DIR, DEFAULT_MAX_USED_MIB, NoNvml,
 from miles.testing.runner import RecipeRun, new_token, run_recipe as _run_recipe, write_result_record
 from miles.testing.snapshot import PlanSnapshotAssertion, plan_snapshot_from
 from miles.testing.standards import (
+    Verdict,
     build_standard,
-    compare_to_standard,
+    constant_series,
+    judge,
     load_standard,
     record_command,
+    signal_problems,
     standard_path,
     write_standard,
 )
@@ -29,6 +33,7 @@ RESULTS_DIR_ENV = "MILES_RESULTS_DIR"
 MODEL_DIR_ENV = "MILES_TEST_MODEL_DIR"
 _RUNS_KEY = pytest.StashKey[list]()
 _SKIP_KEY = pytest.StashKey[str]()
+_ENV_NOTES_KEY = pytest.StashKey[list]()
 
 MARKERS = {
     "gpu(n)": "needs n GPUs leased through NVML; skipped with 'needs n GPUs, found m free' otherwise",
@@ -102,9 +107,14 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     case = case_of(item)
     if runs and report.when == "call":
         for run in runs:
+            phases = run.phases()
             report.sections.append((f"miles run {run.case.name}",
                                     f"output dir: {run.out_dir}\n{run.status()}; "
-                                    f"wall time {run.wall_time:.1f}s\nlog: {run.log_path}"))
+                                    f"wall time {run.wall_time:.1f}s\nlog: {run.log_path}\n"
+                                    + "\n".join(f"{label:55s} {sec:7.1f}s" for label, sec in phases)))
+            # user_properties travel from xdist workers to the controller, which prints them all
+            report.user_properties.append(("miles_phases", {"case": run.case.name, "wall": run.wall_time,
+                                                            "phases": phases}))
     results_dir = os.environ.get(RESULTS_DIR_ENV)
     if not results_dir or case is None or case.tier == "dry":
         return
@@ -284,6 +294,18 @@ def ray_cluster(tmp_path: Path):
     assert not survivors, "Ray cluster processes survived teardown:\n" + "\n".join(survivors)
 
 
+@pytest.fixture(scope="session")
+def shared_ray_cluster(tmp_path_factory: pytest.TempPathFactory):
+    """One loopback Ray node per pytest(-xdist) worker, started when the first CPU-tier case
+    needs it and ended (by its token) at the end of the session. It advertises this machine's
+    CPUs, as a head the launcher starts for a CPU job would, so placements are the same."""
+    cluster = LocalRayCluster(nodes=1, cpus_per_node=os.cpu_count() or 1, token=new_token())
+    cluster.start()
+    yield cluster
+    _, survivors = cluster.stop()
+    assert not survivors, "shared Ray cluster processes survived teardown:\n" + "\n".join(survivors)
+
+
 @pytest.fixture
 def run_recipe(request: pytest.FixtureRequest, tmp_path: Path, miles_repo_root: Path, model_cache_dir: Path):
     """`run_recipe(case=None, *, extra_args=(), env=None, check=True) -> RecipeRun`.
@@ -307,6 +329,8 @@ def run_recipe(request: pytest.FixtureRequest, tmp_path: Path, miles_repo_root: 
         if case.ray_nodes:
             cluster = request.getfixturevalue("ray_cluster")(nodes=case.ray_nodes, token=token)
             run_env.update(cluster.env_for_recipe())
+        elif case.uses_shared_cluster:
+            run_env.update(request.getfixturevalue("shared_ray_cluster").env_for_recipe())
         run_env.update(env or {})
         out = tmp_path / f"run{next(counter)}"
         result = _run_recipe(case, out, rootdir=miles_repo_root, token=token, extra_args=extra, env=run_env)
@@ -322,36 +346,85 @@ def run_recipe(request: pytest.FixtureRequest, tmp_path: Path, miles_repo_root: 
 
 @pytest.fixture
 def check_run(request: pytest.FixtureRequest):
-    """`check_run(run)`: assert the run invariants and compare its registered metrics with the
-    committed standard (or record it under --miles-record-standards)."""
+    """`check_run(run, standard_case=None)`: assert the run invariants and compare its registered
+    metrics with the committed standard (or record it under --miles-record-standards). A variant
+    of a case that must reproduce the case's own standard names it as `standard_case`."""
 
-    def check(run: RecipeRun, *, expect_fresh: bool = True) -> None:
+    def check(run: RecipeRun, *, expect_fresh: bool = True, standard_case: RecipeCase | None = None) -> None:
         case = run.case
         metrics, run_json = run.metrics, run.run_json
-        problems = run_invariants(metrics, run_json, parity=case.parity, expect_fresh=expect_fresh)
-        if problems:
-            pytest.fail(run.report(f"{case.name}: run invariants violated:\n  - " + "\n  - ".join(problems),
-                                   tail_lines=60), pytrace=False)
-        if not case.metrics:
-            return
         opt_dir = request.config.getoption("--miles-standards-dir")
         std_dir = Path(opt_dir) if opt_dir else Path(request.node.path).parent / "standards"
-        path = standard_path(std_dir, case)
-        if request.config.getoption("--miles-record-standards"):
-            write_standard(path, build_standard(case, metrics, run_json))
-            return
-        standard = load_standard(path)
+        path = standard_path(std_dir, standard_case or case)
+        recording = request.config.getoption("--miles-record-standards")
+        standard = load_standard(path) if case.metrics and not recording else {}
         if standard is None:
             pytest.fail(f"{case.name}: no committed metric standard at {path}.\n"
                         f"Record it (then review and commit it) with:\n    {record_command(request.node.nodeid)}",
                         pytrace=False)
-        mismatches = compare_to_standard(case, metrics, standard)
-        if mismatches:
+        verdict = judge(case, metrics, run_json, standard) if standard else Verdict([], signal_problems(case, metrics))
+        # the environment difference, when there is one, heads every failure report
+        headline = f"{case.name}: {verdict.headline()}" if not verdict.strict else None
+        problems = run_invariants(metrics, run_json, parity=case.parity, expect_fresh=expect_fresh)
+        if problems:
+            first = headline + "\n" if headline else ""
+            pytest.fail(run.report(f"{first}{case.name}: run invariants violated:\n  - " + "\n  - ".join(problems),
+                                   tail_lines=60), pytrace=False)
+        if recording:
+            _record_standard(run, path)
+            return
+        if verdict.problems:
             pytest.fail(
-                f"{case.name}: metrics differ from the standard {path}:\n  - " + "\n  - ".join(mismatches)
-                + f"\nIf the change is intended, re-record with:\n    {record_command(request.node.nodeid)}"
-                + f"\nthis run: {json.dumps({k: v for k, v in (run_json or {}).items() if k != 'argv'}, default=str)}"
-                + f"\nstandard recorded on: {json.dumps(standard.get('recorded_on', {}))}",
+                f"{case.name}: {verdict.headline()}\n  - " + "\n  - ".join(verdict.problems)
+                + (f"\nstandard: {path}\nIf the change is intended, re-record with:\n"
+                   f"    {record_command(request.node.nodeid)}" if verdict.strict and case.metrics else "")
+                + f"\nthis run's fingerprint: {json.dumps((run_json or {}).get('fingerprint'), sort_keys=True)}"
+                + f"\nstandard's fingerprint: {json.dumps(standard.get('fingerprint'), sort_keys=True)}",
                 pytrace=False)
+        if headline:
+            # passes on what holds anywhere, but never silently
+            request.config.stash.setdefault(_ENV_NOTES_KEY, []).append(headline)
+            warnings.warn(pytest.PytestWarning(headline))
 
     return check
+
+
+def _record_standard(run: RecipeRun, path: Path) -> None:
+    """Write the standard, unless it would pin nothing or the run lacks its learning signal."""
+    case = run.case
+    standard = build_standard(case, run.metrics, run.run_json)
+    problems = constant_series(standard) + signal_problems(case, run.metrics)
+    if not standard.get("fingerprint"):
+        problems.append("run.json has no fingerprint: the standard could not say what it was recorded on")
+    if problems:
+        pytest.fail(f"{case.name}: refusing to record {path}:\n  - " + "\n  - ".join(problems), pytrace=False)
+    write_standard(path, standard)
+
+
+_PHASE_REPORTS: list[dict] = []
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    for name, value in getattr(report, "user_properties", ()):
+        if name == "miles_phases":
+            _PHASE_REPORTS.append(value)
+
+
+def _print_phase_breakdown(terminalreporter) -> None:
+    """Per real run: where its wall time went, so a suite-time regression shows in every log."""
+    if not _PHASE_REPORTS:
+        return
+    terminalreporter.section("miles: where the real runs' time went")
+    for entry in sorted(_PHASE_REPORTS, key=lambda e: -e["wall"]):
+        terminalreporter.write_line(f"{entry['case']}: wall {entry['wall']:.1f}s")
+        for label, seconds in entry["phases"]:
+            terminalreporter.write_line(f"    {label:55s} {seconds:7.1f}s")
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    _print_phase_breakdown(terminalreporter)
+    notes = config.stash.get(_ENV_NOTES_KEY, [])
+    if notes:
+        terminalreporter.section("miles: standards compared across environments")
+        for note in notes:
+            terminalreporter.write_line(note)

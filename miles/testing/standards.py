@@ -1,9 +1,14 @@
 """Metric standards: the committed series a run's registered metrics must reproduce.
 
 `tests/e2e/standards/<case name>.json` holds, per registered metric, the value at every
-rollout. A run compares strictly (`==`) unless its case registers a `Tolerance` for that
-metric, with the reason. Standards are written only by an explicit
-`pytest ... --miles-record-standards`; a normal run never writes one.
+rollout, and the fingerprint of the environment it was recorded in (`miles.utils.numerics`).
+Standards are written only by an explicit `pytest ... --miles-record-standards`.
+
+The cross-environment policy (docs/testing.md): a run whose fingerprint equals the standard's
+compares its series strictly (`==`, or a registered `Tolerance`); a run whose fingerprint
+differs is told, first, exactly what differs, its strict series are not compared, and it must
+still show what holds anywhere: its registered learning signals and tolerances (the run
+invariants, parity 0.0 and finite values, are checked for every run before this).
 """
 
 from __future__ import annotations
@@ -17,8 +22,9 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from miles.testing.cases import RecipeCase, Tolerance
+from miles.utils.numerics import fingerprint_changes
 
-STANDARD_VERSION = 1
+STANDARD_VERSION = 2
 
 
 def standard_path(standards_dir: str | Path, case: RecipeCase) -> Path:
@@ -34,7 +40,7 @@ def record_command(nodeid: str) -> str:
 def _env_of(run_json: Mapping | None) -> dict:
     if not run_json:
         return {}
-    keep = ("versions", "gpu_names", "git_commit", "hostname")
+    keep = ("versions", "gpu_names", "git_commit", "hostname", "machine")
     return {k: run_json[k] for k in keep if k in run_json}
 
 
@@ -49,9 +55,22 @@ def build_standard(case: RecipeCase, metrics: Sequence[Mapping], run_json: Mappi
         "args": list(case.args),
         "rollout_ids": [row.get("rollout_id") for row in metrics],
         "metrics": series,
+        "fingerprint": (run_json or {}).get("fingerprint"),
         "recorded_on": _env_of(run_json),
         "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
+
+
+def constant_series(standard: Mapping) -> list[str]:
+    """Registered series of a standard that pin nothing: every value equal (all zeros included).
+    A standard with one is refused when recorded and fails the standards' own test."""
+    problems = []
+    for key, values in (standard.get("metrics") or {}).items():
+        numbers = [float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        if len(numbers) < 2 or len(set(numbers)) == 1:
+            problems.append(f"{key} is constant {values!r}: it compares nothing (make the case produce a "
+                            "signal, or stop registering the metric)")
+    return problems
 
 
 def write_standard(path: str | Path, standard: Mapping) -> Path:
@@ -121,3 +140,45 @@ def compare_to_standard(case: RecipeCase, metrics: Sequence[Mapping], standard: 
             if not _equal(a, e, tol):
                 problems.append(str(Mismatch(key, i, rollout_ids[i], a, e, tol)))
     return problems
+
+
+@dataclass
+class Verdict:
+    """The outcome of comparing a run with its standard under the cross-environment policy."""
+
+    env_changes: list[str]  # empty: same fingerprint, strict comparison
+    problems: list[str]
+
+    @property
+    def strict(self) -> bool:
+        return not self.env_changes
+
+    def headline(self) -> str:
+        if self.strict:
+            return "same environment as the standard: series compared strictly"
+        return ("environment differs from the standard's: " + "; ".join(self.env_changes)
+                + " -- strict series not compared; learning signals and tolerances asserted")
+
+
+def signal_problems(case: RecipeCase, metrics: Sequence[Mapping]) -> list[str]:
+    problems = []
+    for signal in case.signals:
+        problem = signal.problem([row.get(signal.metric) for row in metrics])
+        if problem:
+            problems.append(problem)
+    return problems
+
+
+def judge(case: RecipeCase, metrics: Sequence[Mapping], run_json: Mapping | None, standard: Mapping) -> Verdict:
+    """Same fingerprint: every registered series against the standard, plus the signals.
+    Different fingerprint: what changed, the signals, and the series that have a registered
+    tolerance (a tolerance is a claim about spread, which holds across environments too)."""
+    changes = fingerprint_changes(standard.get("fingerprint"), (run_json or {}).get("fingerprint"))
+    problems = signal_problems(case, metrics)
+    if changes:
+        portable = case.with_(metrics=tuple(case.tolerances), name=case.name) if case.tolerances else None
+        if portable is not None:
+            problems += compare_to_standard(portable, metrics, standard)
+    else:
+        problems += compare_to_standard(case, metrics, standard)
+    return Verdict(changes, problems)

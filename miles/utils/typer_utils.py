@@ -33,6 +33,9 @@ from typing import Any, Callable, Literal, Optional
 
 import typer
 
+from miles.utils import phases
+from miles.utils.numerics import pin_this_process
+
 ENV_PREFIX = "MILES_SCRIPT_"
 _TRUE_WORDS = frozenset({"1", "true", "yes", "on", "y"})
 _FALSE_WORDS = frozenset({"0", "false", "no", "off", "n"})
@@ -243,6 +246,10 @@ def dataclass_cli(func: Callable | None = None, *, env_prefix: str = ENV_PREFIX,
         if not positional and not cli_values:
             return dataclass_cli_app(command, help=_script_help(func))()
         args = resolve_options(cls, cli_values, env_prefix=env_prefix)
+        # a recipe builds checkpoints in this process (prepare()): pinned before torch loads
+        pin_this_process()
+        phases.mark("recipe_process_start", t=phases.process_started_at())
+        phases.mark("recipe_start")
         if print_table:
             print_options_table(args, env_prefix=env_prefix)
         return func(args)

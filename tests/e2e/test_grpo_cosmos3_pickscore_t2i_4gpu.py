@@ -2,14 +2,16 @@
 nightly GPU tier.
 """
 
-from miles.testing import RecipeCase, parametrize_cases
+from miles.testing import RecipeCase, Signal, parametrize_cases
 
 RECIPE = "scripts/run_diffusion_grpo_cosmos3_pickscore_t2i_4gpu.py"
 LABELS = ('cosmos3', 'grpo', 'pickscore')
 METRICS = ("rollout/reward/raw_mean", "train/loss", "train/grad_norm")
+# two rollouts are too few for a reward trend: the signal that holds anywhere is a gradient
+SIGNALS = (Signal("train/grad_norm", "positive"),)
 
 CASES = [
-    RecipeCase.cpu(RECIPE, metrics=METRICS, est_time=90, labels=LABELS),
+    RecipeCase.cpu(RECIPE, metrics=METRICS, signals=SIGNALS, est_time=90, labels=LABELS),
     RecipeCase.gpu(RECIPE, gpus=4, args=("--scale", "gpu-proxy"), est_time=1200, labels=LABELS),
 ]
 

@@ -2,14 +2,16 @@
 nightly GPU tier.
 """
 
-from miles.testing import RecipeCase, parametrize_cases
+from miles.testing import RecipeCase, Signal, parametrize_cases
 
 RECIPE = "scripts/run_diffusion_grpo_sd3_ocr_sglang.py"
 LABELS = ('sd3', 'grpo', 'ocr', 'lora')
 METRICS = ("rollout/reward/raw_mean", "train/loss", "train/grad_norm")
+# the OCR reward reads something at CPU scale, so the policy gets a gradient every step
+SIGNALS = (Signal("train/grad_norm", "positive"), Signal("rollout/reward/raw_mean", "positive"))
 
 CASES = [
-    RecipeCase.cpu(RECIPE, metrics=METRICS, est_time=90, labels=LABELS),
+    RecipeCase.cpu(RECIPE, metrics=METRICS, signals=SIGNALS, est_time=90, labels=LABELS),
     RecipeCase.gpu(RECIPE, gpus=2, args=("--scale", "gpu-proxy"), est_time=1200, labels=LABELS),
 ]
 

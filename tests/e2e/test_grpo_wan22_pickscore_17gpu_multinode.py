@@ -9,14 +9,16 @@ afterwards. The proxy keeps its one train node (Ray places its actors over both 
 GPU tier (nightly): the recipe's documented CI proxy, one node of 4 GPUs (`--scale gpu-proxy`).
 """
 
-from miles.testing import RecipeCase, parametrize_cases
+from miles.testing import RecipeCase, Signal, parametrize_cases
 
 RECIPE = "scripts/run_diffusion_grpo_wan22_pickscore_17gpu_multinode.py"
 LABELS = ("wan22", "grpo", "pickscore", "multinode", "video")
 METRICS = ("rollout/reward/raw_mean", "train/loss", "train/grad_norm")
+# two rollouts are too few for a reward trend: the signal that holds anywhere is a gradient
+SIGNALS = (Signal("train/grad_norm", "positive"),)
 
 CASES = [
-    RecipeCase.cpu(RECIPE, ray_nodes=2, metrics=METRICS,
+    RecipeCase.cpu(RECIPE, ray_nodes=2, metrics=METRICS, signals=SIGNALS,
                    est_time=150, labels=LABELS),
     RecipeCase.gpu(RECIPE, gpus=4, args=("--scale", "gpu-proxy"), est_time=1500, labels=LABELS),
 ]

@@ -4,14 +4,15 @@ nightly GPU tier.
 SFT has no rollout engines, so there is no train/rollout parity probe to assert (parity=False).
 """
 
-from miles.testing import RecipeCase, parametrize_cases
+from miles.testing import RecipeCase, Signal, parametrize_cases
 
 RECIPE = "scripts/run_diffusion_sft_wan22.py"
 LABELS = ('wan22', 'sft', 'lora', 'video')
 METRICS = ("train/loss", "train/grad_norm")
+SIGNALS = (Signal("train/loss", "falls"),)
 
 CASES = [
-    RecipeCase.cpu(RECIPE, metrics=METRICS, est_time=90, labels=LABELS, parity=False),
+    RecipeCase.cpu(RECIPE, metrics=METRICS, signals=SIGNALS, est_time=90, labels=LABELS, parity=False),
     RecipeCase.gpu(RECIPE, gpus=4, args=("--scale", "gpu-proxy"), est_time=1200, labels=LABELS, parity=False),
 ]
 

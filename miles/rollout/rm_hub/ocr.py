@@ -3,6 +3,15 @@
 The recogniser is RapidOCR with the ONNX models that ship inside `rapidocr-onnxruntime`, so
 nothing is downloaded. Score = 1 - normalised edit distance between what it reads and the
 quoted text, case- and whitespace-insensitive; a video scores the mean over a few frames.
+
+A frame whose shorter side is at most `SOFT_READ_MAX_SIDE` pixels (the CPU proxies' 64 px
+samples) is scored differently: in a small model's samples at that size the text detector finds
+no line at all (none in the tiny sd3's), so an edit distance scores every sample 0 and trains
+nothing. It is scored by a soft read instead: the
+recogniser reads the whole frame as one text line, and the score is the mean, over the target's
+characters, of the highest probability the recogniser gives that character (either case)
+anywhere in the line. Still an OCR reward from the same model, but dense: letter-like strokes of
+the right letters raise it, which a tiny model can learn.
 """
 
 from __future__ import annotations
@@ -17,6 +26,7 @@ import numpy as np
 from miles.rollout.rm_hub.types import RewardSample, frame_to_pil, pick_frames
 
 VIDEO_FRAMES = 4  # frames of a video that are read; OCR is the slow part of a rollout on CPU
+SOFT_READ_MAX_SIDE = 128
 
 _QUOTES = (re.compile(r'"([^"]+)"'), re.compile(r"“([^”]+)”"), re.compile(r"(?<!\w)'([^']+)'(?!\w)"))
 _engine = None
@@ -80,10 +90,41 @@ def read_text(frame: np.ndarray) -> str:
     return " ".join(r[1] for r in boxes)
 
 
+def line_probabilities(frame: np.ndarray) -> tuple[np.ndarray, list[str]]:
+    """The recogniser's per-position character probabilities `[T, C]` for the whole frame read
+    as one line, and its alphabet (index 0 is the CTC blank)."""
+    recogniser = _get_engine().text_rec
+    bgr = np.ascontiguousarray(np.asarray(frame_to_pil(frame))[:, :, ::-1])  # OpenCV's channel order
+    _, line_h, line_w = recogniser.rec_image_shape
+    ratio = max(line_w / line_h, bgr.shape[1] / bgr.shape[0])
+    batch = recogniser.resize_norm_img(bgr, ratio)[np.newaxis].astype(np.float32)
+    with _engine_lock:
+        probabilities = recogniser.session(batch)[0][0]
+    return probabilities, recogniser.postprocess_op.character
+
+
+def soft_read_score(frame: np.ndarray, target: str) -> float:
+    """Mean over the target's characters of their best probability in the line (module docstring)."""
+    probabilities, alphabet = line_probabilities(frame)
+    index = {char: i for i, char in enumerate(alphabet)}
+    best = probabilities.max(axis=0)
+    scores = []
+    for char in _normalise(target):
+        columns = [index[c] for c in {char, char.upper(), char.lower()} if c in index]
+        scores.append(max((float(best[c]) for c in columns), default=0.0))
+    return float(np.mean(scores))
+
+
+def frame_score(frame: np.ndarray, target: str) -> float:
+    if min(frame.shape[-2:]) <= SOFT_READ_MAX_SIDE:
+        return soft_read_score(frame, target)
+    return text_score(read_text(frame), target)
+
+
 def ocr_score(sample: RewardSample) -> float:
     target = target_text(sample)
     frames = pick_frames(sample.frames(), VIDEO_FRAMES)
-    return float(np.mean([text_score(read_text(frame), target) for frame in frames]))
+    return float(np.mean([frame_score(frame, target) for frame in frames]))
 
 
 async def ocr_reward(args: Any, samples: list[RewardSample]) -> list[float]:

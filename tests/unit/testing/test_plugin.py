@@ -15,9 +15,10 @@ TINY = REPO / "scripts" / "run_diffusion_grpo_tiny_cpu.py"
 DRY_TEST = REPO / "tests" / "e2e" / "test_dry.py"
 
 CASES_MODULE = textwrap.dedent('''
-    from miles.testing import RecipeCase, parametrize_cases
+    from miles.testing import RecipeCase, Signal, parametrize_cases
     CASES = [
-        RecipeCase.cpu("scripts/run_fixture.py", args=(), timeout={timeout}, metrics={metrics}),
+        RecipeCase.cpu("scripts/run_fixture.py", args=(), timeout={timeout}, metrics={metrics},
+                       signals={signals}),
         RecipeCase.gpu("scripts/run_fixture.py", gpus=2, est_time=600, labels=("fixture",)),
     ]
 
@@ -35,8 +36,10 @@ GOOD_RECIPE = textwrap.dedent('''
              "perf/train_pairs_per_sec": 4.0, "perf/peak_memory_bytes": 1000} for i in range(2)]
     with open(os.path.join(rd, "metrics.jsonl"), "w") as f:
         f.write("".join(json.dumps(r) + "\\n" for r in rows))
-    json.dump({"argv": ["--lr", "1"], "resumed": False, "start_rollout_id": 0, "versions": {"torch": "t"}},
-              open(os.path.join(rd, "run.json"), "w"))
+    fingerprint = {"torch_cpu_capability": os.environ.get("FAKE_CAPABILITY", "AVX2"),
+                   "packages": {"transformers": os.environ.get("FAKE_TRANSFORMERS", "5.24.0")}}
+    json.dump({"argv": ["--lr", "1"], "resumed": False, "start_rollout_id": 0, "versions": {"torch": "t"},
+               "fingerprint": fingerprint}, open(os.path.join(rd, "run.json"), "w"))
     print("trained", flush=True)
 ''')
 
@@ -55,10 +58,10 @@ def _own_results_dir(monkeypatch):
     monkeypatch.delenv("MILES_RESULTS_DIR", raising=False)
 
 
-def scratch_repo(pytester, recipe_body, timeout=60, metrics=("train/loss",)):
+def scratch_repo(pytester, recipe_body, timeout=60, metrics=("train/loss",), signals='(Signal("train/loss", "falls"),)'):
     pytester.mkdir("scripts")
     (pytester.path / "scripts" / "run_fixture.py").write_text(recipe_body)
-    pytester.makepyfile(test_cases=CASES_MODULE.format(timeout=timeout, metrics=tuple(metrics)))
+    pytester.makepyfile(test_cases=CASES_MODULE.format(timeout=timeout, metrics=tuple(metrics), signals=signals))
 
 
 def test_markers_are_registered_so_strict_markers_accepts_them(pytester):
@@ -215,3 +218,41 @@ def test_locked_flag_overridden_by_extra_args_is_caught(pytester):
     result = pytester.runpytest_subprocess("-p", "miles.testing", "tests/e2e")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*--lr*"])
+
+
+def test_other_environment_names_what_changed_first_and_still_fails_on_parity_or_a_missing_signal(
+        pytester, monkeypatch):
+    scratch_repo(pytester, GOOD_RECIPE)
+    pytester.runpytest_subprocess("-p", "miles.testing", "-k", "cpu", "--miles-record-standards").assert_outcomes(passed=1)
+    standard = pytester.path / "standards" / "run_fixture-cpu.json"
+    assert json.loads(standard.read_text())["fingerprint"]["torch_cpu_capability"] == "AVX2"
+    # a run on another environment whose numbers also moved: the strict series is not compared
+    monkeypatch.setenv("FAKE_CAPABILITY", "AVX512")
+    monkeypatch.setenv("FAKE_TRANSFORMERS", "5.23.0")
+    (pytester.path / "scripts" / "run_fixture.py").write_text(GOOD_RECIPE.replace("0.5 / (i + 1)", "0.6 / (i + 1)"))
+    moved = pytester.runpytest_subprocess("-p", "miles.testing", "-k", "cpu", "-W", "default")
+    moved.assert_outcomes(passed=1)
+    moved.stdout.fnmatch_lines(["*run_fixture-cpu: environment differs from the standard's: "
+                                "torch CPU capability AVX2 -> AVX512; transformers 5.24.0 -> 5.23.0*"
+                                "strict series not compared*"])
+    # ... but a run without its learning signal fails, the difference named first
+    (pytester.path / "scripts" / "run_fixture.py").write_text(GOOD_RECIPE.replace("0.5 / (i + 1)", "0.5 * (i + 1)"))
+    flat = pytester.runpytest_subprocess("-p", "miles.testing", "-k", "cpu")
+    flat.assert_outcomes(failed=1)
+    flat.stdout.fnmatch_lines(["*run_fixture-cpu: environment differs*AVX2 -> AVX512*",
+                               "*learning signal 'train/loss falls': 0.5 -> 1.0*"])
+    # ... and so does a broken parity
+    (pytester.path / "scripts" / "run_fixture.py").write_text(
+        GOOD_RECIPE.replace('"train/model_output_mean_abs_diff": 0.0', '"train/model_output_mean_abs_diff": 1e-9'))
+    broken = pytester.runpytest_subprocess("-p", "miles.testing", "-k", "cpu")
+    broken.assert_outcomes(failed=1)
+    broken.stdout.fnmatch_lines(["*run_fixture-cpu: environment differs*AVX2 -> AVX512*",
+                                 "*parity broken at rollout 0*"])
+
+
+def test_recording_refuses_a_standard_that_pins_nothing(pytester):
+    scratch_repo(pytester, GOOD_RECIPE.replace("0.5 / (i + 1)", "0.0"), signals="()")
+    result = pytester.runpytest_subprocess("-p", "miles.testing", "-k", "cpu", "--miles-record-standards")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*refusing to record*", "*train/loss is constant*compares nothing*"])
+    assert not (pytester.path / "standards" / "run_fixture-cpu.json").exists()

@@ -81,3 +81,34 @@ def test_video_scores_the_mean_over_frames_and_metadata_text_wins(make_args):
 def test_prompt_without_quoted_text_names_the_sample(make_args):
     with pytest.raises(RewardError, match=r"'ocr'.*sample 0 \(prompt 'a sign'\)"):
         asyncio.run(score_samples(make_args(rm_type="ocr"), [RewardSample("a sign", _noise())]))
+
+
+def _small(text: str) -> np.ndarray:
+    """A 64 px frame, the CPU proxies' size: too small for the detector, read softly."""
+    image = Image.new("RGB", (64, 64), "white")
+    ImageDraw.Draw(image).text((2, 18), text, fill="black", font=ImageFont.truetype(str(_font_path()), 22))
+    return _chw(image)
+
+
+def test_small_frame_soft_read_scores_the_right_letters_above_wrong_ones_and_noise():
+    from miles.rollout.rm_hub.ocr import SOFT_READ_MAX_SIDE, frame_score
+
+    frame = _small("HI")
+    assert max(frame.shape[-2:]) <= SOFT_READ_MAX_SIDE
+    right, wrong = frame_score(frame, "HI"), frame_score(frame, "QZ")
+    noise = frame_score(_noise()[:, :64, :64], "HI")
+    assert 0.5 < right <= 1.0
+    assert wrong < 0.1 and noise < 0.2
+    assert right > wrong and right > noise
+
+
+def test_small_frames_of_a_tiny_model_get_distinct_non_zero_scores():
+    """What the sd3 OCR CPU proxy trains on: dense scores, so advantages (and gradients) are non-zero."""
+    from miles.rollout.rm_hub.ocr import frame_score
+
+    rng = np.random.default_rng(0)
+    blobs = [np.clip(rng.normal(0.5, 0.2, (3, 8, 8)).repeat(8, 1).repeat(8, 2), 0, 1).astype(np.float32)
+             for _ in range(4)]
+    scores = [frame_score(b, "OPEN") for b in blobs]
+    assert all(0.0 < s < 1.0 for s in scores)
+    assert len(set(scores)) == len(scores)

@@ -1,0 +1,37 @@
+"""The project pins CPU numerics where runs start (miles/utils/numerics.py), not the user's shell:
+the tiny recipe's CPU case reproduces its committed standard bit for bit whatever the shell says
+about kernel levels, MKL's code path or thread counts.
+
+Each variant is the tiny recipe's own CPU case run under a hostile environment and compared
+with the same committed standard, strictly, so all variants and the plain case agree bit for bit.
+"""
+
+import pytest
+
+from miles.testing import parametrize_cases
+
+from test_grpo_tiny_cpu import CASES as TINY_CASES
+
+TINY_CPU = next(c for c in TINY_CASES if c.tier == "cpu")
+
+HOSTILE_SHELLS = {
+    # an older CPU as torch would see it, MKL's compatible path, more threads than pinned
+    "aten-default": {"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE", "OMP_NUM_THREADS": "2",
+                     "MKL_NUM_THREADS": "2"},
+    # the AVX2 level asked for by hand, MKL's automatic dispatch, numpy's loops all enabled
+    "aten-avx2": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AUTO", "NPY_DISABLE_CPU_FEATURES": ""},
+}
+
+CASES = [TINY_CPU.with_(variant=f"shell-{name}", env=env, est_time=TINY_CPU.est_time)
+         for name, env in HOSTILE_SHELLS.items()]
+
+
+@parametrize_cases(CASES)
+def test_tiny_recipe_reproduces_its_standard_under_a_hostile_shell(recipe_case, run_recipe, check_run, request):
+    run = run_recipe(recipe_case)
+    fingerprint = run.run_json["fingerprint"]
+    assert fingerprint["torch_cpu_capability"] == "AVX2"
+    assert fingerprint["torch_threads"] == 1
+    assert fingerprint["numerics"]["ATEN_CPU_CAPABILITY"] == "avx2"
+    # the tiny case's own standard, not one of this variant's
+    check_run(run, standard_case=TINY_CPU)
