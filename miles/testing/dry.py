@@ -101,9 +101,9 @@ class DryRun:
 
 
 def _secret_values() -> list[str]:
-    from miles.testing.snapshot import _SECRET_NAME
+    from miles.testing.snapshot import secret_values_from_env  # the launcher's one secret rule
 
-    return [v for k, v in os.environ.items() if _SECRET_NAME.search(k) and len(v) >= 8]
+    return secret_values_from_env()
 
 
 @dataclass

@@ -19,18 +19,23 @@ from typing import Iterable, Mapping
 from syrupy.assertion import DiffMode, SnapshotAssertion
 from syrupy.extensions.single_file import SingleFileSnapshotExtension, WriteMode
 
-REDACTED = "<redacted>"
-_SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL)", re.I)
+# The launcher's one secret rule (names and value redaction): a snapshot hides exactly what the
+# launcher's options table, EXEC lines, plan and job log hide, and nothing is decided here.
+from miles.utils.external_utils.env_vars import REDACTED, is_secret_name, redact_text, secret_values
+
 _PORT_FLAG = re.compile(r"(--[\w-]*port[= ])\d+")
 _HOST_PORT = re.compile(r"((?:127\.0\.0\.1|localhost|0\.0\.0\.0|<HOST>|<IP>)):\d{1,5}\b")
 _IPV4 = re.compile(r"\b(?!127\.0\.0\.1\b)(?!0\.0\.0\.0\b)(?:\d{1,3}\.){3}\d{1,3}\b")
-_SECRET_ASSIGN = re.compile(r"\b([A-Z0-9_]*(?:KEY|TOKEN|SECRET|PASSWORD)[A-Z0-9_]*)=(\S+)")
+# NAME=value anywhere in a line (an EXEC line's env prefix): hidden when NAME is a secret name
+_ASSIGN = re.compile(r"(?<![\w.-])([A-Za-z_][A-Za-z0-9_]*)=(\S+)")
 
 
 class Normalizer:
     """Replaces machine- and run-specific substrings with stable placeholders."""
 
     def __init__(self, replacements: Mapping[str, str] | None = None, secrets: Iterable[str] = ()):
+        """`secrets`: values to hide wherever they appear (`secret_values_from_env()` gives those of
+        this process's environment); they are filtered by the launcher's rule for searchable values."""
         pairs: dict[str, str] = {}
         for raw, placeholder in (replacements or {}).items():
             if not raw:
@@ -45,13 +50,12 @@ class Normalizer:
         hosts = {socket.gethostname(), socket.getfqdn()} - {"", "localhost"}
         # Host names only as whole words: a short host name must not eat parts of paths.
         self._hosts = [re.compile(rf"(?<![\w.-]){re.escape(h)}(?![\w-])") for h in hosts if len(h) >= 2]
-        for secret in secrets:
-            if secret and len(secret) >= 4:
-                pairs[secret] = REDACTED
+        self._secrets = [str(v) for v in secrets if v]
         # Longest first so a run dir is replaced before the output dir that contains it.
         self._pairs = sorted(pairs.items(), key=lambda kv: len(kv[0]), reverse=True)
 
     def text(self, s: str) -> str:
+        s = redact_text(s, self._secrets)  # the launcher's value redaction, first: a path may hold one
         for raw, placeholder in self._pairs:
             s = s.replace(raw, placeholder)
         for host in self._hosts:
@@ -59,15 +63,20 @@ class Normalizer:
         s = _PORT_FLAG.sub(r"\1<PORT>", s)
         s = _HOST_PORT.sub(r"\1:<PORT>", s)
         s = _IPV4.sub("<IP>", s)
-        s = _SECRET_ASSIGN.sub(
-            lambda m: m.group(0) if m.group(2) == REDACTED else f"{m.group(1)}={REDACTED}", s
+        s = _ASSIGN.sub(
+            lambda m: f"{m.group(1)}={REDACTED}" if is_secret_name(m.group(1)) else m.group(0), s
         )
         return s
 
     def env_value(self, name: str, value: str) -> str:
-        if _SECRET_NAME.search(name) and value != REDACTED:
+        if is_secret_name(name):
             return REDACTED
         return self.text(str(value))
+
+
+def secret_values_from_env(environ: Mapping[str, str] | None = None) -> list[str]:
+    """The values of this environment's secret-named variables, by the launcher's rule."""
+    return secret_values(environ=os.environ if environ is None else environ)
 
 
 def group_flags(argv: Iterable[str]) -> list[list[str]]:

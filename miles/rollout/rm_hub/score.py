@@ -14,13 +14,22 @@ from pathlib import Path
 import numpy as np
 
 from miles.rollout.rm_hub.pool import LocalRewardScorer
-from miles.rollout.rm_hub.registry import BUILTIN_REWARDS
+from miles.rollout.rm_hub.registry import BUILTIN_REWARDS, rm_type
 from miles.rollout.rm_hub.types import RewardError, RewardSample
 
 
+class _OneLineErrorParser(argparse.ArgumentParser):
+    """A bad flag or value: one `error:` line on stderr, exit status 2 (no usage block)."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python3 -m miles.rollout.rm_hub.score", description=__doc__.split("\n")[0])
-    parser.add_argument("--rm-type", help=f"a built-in ({', '.join(BUILTIN_REWARDS)}) or 'custom'")
+    parser = _OneLineErrorParser(prog="python3 -m miles.rollout.rm_hub.score", description=__doc__.split("\n")[0])
+    # the same check as train_diffusion.py's --rm-type (registry.rm_type): a misspelt name stops at parse time
+    parser.add_argument("--rm-type", type=rm_type, metavar="NAME",
+                        help=f"a built-in ({', '.join(BUILTIN_REWARDS)}) or 'custom' (with --custom-rm-path)")
     parser.add_argument("--custom-rm-path", help="module:fn of an `async def rm(args, samples) -> list[float]`")
     parser.add_argument("--reward-key", help="the key to read when the reward returns dicts")
     parser.add_argument("--pickscore-model-path", help="CLIP model directory for --rm-type pickscore")

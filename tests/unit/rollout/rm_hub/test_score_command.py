@@ -26,3 +26,25 @@ def test_score_command_reports_a_failing_custom_reward(tmp_path, capsys, custom_
     err = capsys.readouterr().err
     assert code == 1
     assert "'my_rewards:raises' raised ValueError" in err and "sample 0 (prompt 'a bad sign')" in err
+
+
+def test_score_command_refuses_a_misspelt_rm_type_at_parse_time_in_one_line(tmp_path):
+    """The same registry check as train_diffusion.py's --rm-type: exit 2, one line, "did you mean"."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "miles.rollout.rm_hub.score", "--rm-type", "brightnes",
+                          "--prompt", "p", "--image", str(tmp_path / "never-read.png")],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and out.stdout == ""
+    lines = out.stderr.splitlines()
+    assert len(lines) == 1, out.stderr
+    assert "--rm-type" in lines[0] and "did you mean 'brightness'?" in lines[0]
+
+
+def test_score_command_accepts_every_name_train_diffusion_accepts():
+    from miles.rollout.rm_hub.registry import BUILTIN_REWARDS
+    from miles.rollout.rm_hub.score import build_parser
+
+    for name in [*BUILTIN_REWARDS, "custom", "pkg.mod:fn"]:
+        assert build_parser().parse_args(["--rm-type", name, "--prompt", "p", "--image", "x.png"]).rm_type == name
