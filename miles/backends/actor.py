@@ -1,8 +1,20 @@
 """One data-parallel train rank: the pairs the batch plan deals it, the loss, the optimizer step.
 
 A plain class so a benchmark or a test can drive it in process; `miles.ray.train_actor_group`
-runs it as a Ray actor. Ranks meet through `torch.distributed` (gloo on CPU, NCCL on GPU) and
-average gradients with one all-reduce per optimizer step.
+runs it as a Ray actor. Ranks meet through one `torch.distributed` group built the same way on
+every device (`miles.backends.collectives`: gloo on CPU, gloo for CPU tensors + NCCL for CUDA
+tensors on GPU) and average gradients with one all-reduce per optimizer step.
+
+Dtypes (`--param-dtype`, `--compute-dtype`, `--rollout-dtype`). The optimizer holds the master
+weights in the param dtype (`self.model`, `self.params`). When the compute dtype differs, a
+second copy of the model is loaded in the compute dtype by the same loader the engines use
+(`self.fmodel`, `self.fparams`): every train forward, the parity probe and the KL reference run
+on it, backward leaves its gradients there, they are cast to the param dtype for the all-reduce
+and the step, and the new master weights are cast back into it (the cast an engine applies when
+it receives them). The validator makes the compute dtype the rollout dtype whenever engines run,
+so this copy and an engine hold the same weights in the same dtypes and compute the same
+forward: that is what keeps the parity probe at exactly 0.0 under bf16. When the two dtypes are
+equal there is no copy (`fmodel is model`), and the step is the same sequence of ops as before.
 """
 
 from __future__ import annotations
@@ -18,9 +30,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.distributed as dist
 
 from miles.backends import checkpoint as ckpt
+from miles.backends.collectives import Collectives
 from miles.backends.ema import EMA
 from miles.backends.loss import (
     PolicyLossInputs,
@@ -77,16 +89,21 @@ class TrainRank:
         args = self.args
         configure_torch(args.deterministic_mode, CPU_THREADS_PER_ACTOR if self.device.type == "cpu" else None)
         seed_everything(args.seed)  # the same on every rank: LoRA adapters start identical
-        if self.world_size > 1:
-            dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo",
-                                    init_method=f"tcp://{master_addr}:{master_port}",
-                                    rank=self.rank, world_size=self.world_size)
+        self.comm = Collectives(self.device, self.world_size)
+        self.comm.init_process_group(self.rank, master_addr, master_port)
+        param_dtype, compute_dtype = torch_dtype(args.param_dtype), torch_dtype(args.compute_dtype)
         self.model = load_model(args.hf_checkpoint, family=args.diffusion_model_family, device=self.device,
-                                dtype=torch_dtype(args.param_dtype))
-        if args.loss_type != "sft_loss":  # rollouts carry their conditioning; only SFT encodes prompts
-            # the VAE stays: some families' forwards read its compression ratios (LTX's rope scale)
-            for name in [n for n in self.model.parts if n.startswith(("text_encoder", "tokenizer"))]:
-                self.model.parts[name] = None
+                                dtype=param_dtype)
+        # the model forwards run on: the master model itself, or its copy in the compute dtype
+        self.fmodel = self.model if compute_dtype == param_dtype else load_model(
+            args.hf_checkpoint, family=args.diffusion_model_family, device=self.device, dtype=compute_dtype)
+        sft = args.loss_type == "sft_loss"
+        for model in {id(m): m for m in (self.model, self.fmodel)}.values():
+            if not sft or model is not self.fmodel:  # rollouts carry their conditioning; only SFT encodes prompts
+                # the VAE stays: some families' forwards read its compression ratios (LTX's rope scale)
+                for name in [n for n in model.parts if n.startswith(("text_encoder", "tokenizer"))]:
+                    model.parts[name] = None
+                model.text_encoders = {}
         self.components = sync_components(self.model.spec.transformer_components, args.update_weight_target_module)
         self.lora: LoraSpec | None = lora_spec_from_args(args, self.model.spec)
         self.params: dict[str, torch.nn.Parameter] = {}
@@ -96,16 +113,40 @@ class TrainRank:
                 attach_lora(module, self.lora)
             else:
                 module.requires_grad_(True)
-            if args.gradient_checkpointing and hasattr(module, "enable_gradient_checkpointing"):
-                module.enable_gradient_checkpointing()
             self.params.update({f"{component}.{n}": p for n, p in module.named_parameters() if p.requires_grad})
+        self.fparams = self.params if self.fmodel is self.model else self._compute_params()
+        if args.gradient_checkpointing:
+            for component in self.components:
+                enable_gradient_checkpointing(self.fmodel.transformers[component], self.model.family, component)
         if self.world_size > 1:
             for p in self.params.values():
-                dist.broadcast(p.data, src=0)
+                self.comm.broadcast(p.data, src=0)
+        self._sync_compute()
         self.optimizer = build_optimizer(list(self.params.values()), args)
         self.ema = EMA(self.params, args.ema_decay) if args.use_ema else None
         self.custom_loss = load_custom_loss(args.custom_loss_function_path) if args.custom_loss_function_path else None
         self.sft = SFTRankStep(self) if args.loss_type == "sft_loss" else None
+
+    def _compute_params(self) -> dict[str, torch.nn.Parameter]:
+        """The compute copy's trained tensors, by the master's names; LoRA attached as an engine attaches it."""
+        if self.lora is not None:
+            self.fmodel.apply_lora(self.lora.rank, self.lora.alpha, list(self.lora.target_modules), self.components)
+        fparams = {}
+        for component in self.components:
+            named = dict(self.fmodel.transformers[component].named_parameters())
+            for name in [n for n in self.params if n.startswith(component + ".")]:
+                fparams[name] = named[name[len(component) + 1:]]
+                fparams[name].requires_grad_(True)
+        return fparams
+
+    @torch.no_grad()
+    def _sync_compute(self, source: dict[str, torch.Tensor] | None = None) -> None:
+        """Cast the master weights (or `source`, e.g. the EMA) into the compute copy."""
+        if self.fparams is self.params:
+            return
+        source = source or self.params
+        for name, fp in self.fparams.items():
+            fp.copy_(source[name])
 
     def lora_spec(self) -> LoraSpec | None:
         return self.lora
@@ -155,8 +196,13 @@ class TrainRank:
             raise ValueError(f"micro-batch {pairs} mixes experts {experts} or guidance scales {guidance}")
         return trajs, experts.pop(), guidance.pop()
 
-    def _forward(self, batch: RolloutBatch, pairs: list[Pair], probe: "_ParityProbe | None"):
-        """The model output and SDE step of stored pairs under the current weights."""
+    def _forward(self, batch: RolloutBatch, pairs: list[Pair], probe: "_ParityProbe | None",
+                 before_forward=None):
+        """The model output and SDE step of stored pairs under the current weights.
+
+        `before_forward(ctx)` runs before the graph is built (the EMA reference swaps weights in place,
+        which must not happen to tensors a pending backward has saved).
+        """
         trajs, expert, guidance = self._pair_tensors(batch, pairs)
         gather = lambda fn: torch.stack([fn(t, p) for t, p in zip(trajs, pairs)]).to(self.device)  # noqa: E731
         x = gather(lambda t, p: t.latents[p.step])
@@ -167,7 +213,9 @@ class TrainRank:
         cond = Conditioning.cat([t.cond for t in trajs])
         ctx = _StepContext(x, x_next, sigma, sigma_next, cond, guidance, expert, trajs[0].noise_level,
                            trajs[0].sde_type, largest_sigma_below_one(trajs[0].sigmas.tolist()))
-        step = self._step(ctx, self.model.velocity(x, sigma, cond, guidance, expert))
+        if before_forward is not None:
+            before_forward(ctx)
+        step = self._step(ctx, self.fmodel.velocity(x, sigma, cond, guidance, expert))
         if probe is not None and trajs[0].model_outputs is not None:
             stored = torch.stack([t.model_outputs[p.step] for t, p in zip(trajs, pairs)])
             probe.add(step.v.detach().cpu(), stored, step.log_prob.detach().cpu(), old_log_prob.cpu())
@@ -188,12 +236,14 @@ class TrainRank:
                 with torch.no_grad():
                     self._forward(batch, pairs, probe)
             x_t, target, sigma, cond, guidance, expert = self._renoised(batch, pairs)
-            v_new = self.model.velocity(x_t, sigma, cond, guidance, expert)
+            v_new = self.fmodel.velocity(x_t, sigma, cond, guidance, expert)
             old = torch.stack([v_old[p] for p in pairs])
             optimality = nft_optimality(advantages, args.diffusion_adv_clip_max).to(self.device)
             return nft_loss(v_new, old, target, optimality, args.nft_beta)
-        step, old_log_prob, ctx = self._forward(batch, pairs, probe)
-        ref_mean = self._reference_mean(ctx) if args.diffusion_kl_beta > 0 else None
+        reference = {}
+        before = (lambda ctx: reference.update(mean=self._reference_mean(ctx))) if args.diffusion_kl_beta > 0 else None
+        step, old_log_prob, ctx = self._forward(batch, pairs, probe, before)
+        ref_mean = reference.get("mean")
         inputs = PolicyLossInputs(step.log_prob, old_log_prob, advantages.to(self.device), step.mean, step.std, ref_mean)
         if self.custom_loss is not None:
             return self.custom_loss(args, inputs)
@@ -207,13 +257,15 @@ class TrainRank:
         if reference == "lora_base":
             if self.lora is None:
                 raise ValueError("--diffusion-kl-reference lora_base needs --use-lora")
-            with adapters_disabled([self.model.transformers[c] for c in self.components]):
-                v_ref = self.model.velocity(ctx.x, ctx.sigma, ctx.cond, ctx.guidance, ctx.expert)
+            with adapters_disabled([self.fmodel.transformers[c] for c in self.components]):
+                v_ref = self.fmodel.velocity(ctx.x, ctx.sigma, ctx.cond, ctx.guidance, ctx.expert)
         else:
             if self.ema is None:
                 raise ValueError("a KL against the EMA needs --use-ema")
             with self.ema.swapped_in(self.params):
-                v_ref = self.model.velocity(ctx.x, ctx.sigma, ctx.cond, ctx.guidance, ctx.expert)
+                self._sync_compute()
+                v_ref = self.fmodel.velocity(ctx.x, ctx.sigma, ctx.cond, ctx.guidance, ctx.expert)
+            self._sync_compute()
         return self._step(ctx, v_ref).mean
 
     def _renoised(self, batch: RolloutBatch, pairs: list[Pair]):
@@ -239,20 +291,25 @@ class TrainRank:
         out = {}
         for p in shard:
             x_t, _, sigma, cond, guidance, expert = self._renoised(batch, [p])
-            out[p] = self.model.velocity(x_t, sigma, cond, guidance, expert)[0]
+            out[p] = self.fmodel.velocity(x_t, sigma, cond, guidance, expert)[0]
         return out
 
     def _optimizer_step(self) -> float:
         params = list(self.params.values())
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-        flat = torch.cat([g.reshape(-1) for g in grads])
+        sources = list(self.fparams.values())  # where backward left the gradients
+        grads = [s.grad if s.grad is not None else torch.zeros_like(s) for s in sources]
+        # reduced and stepped in the param dtype (a no-op cast without a compute copy)
+        flat = torch.cat([g.reshape(-1).to(p.dtype) for g, p in zip(grads, params)])
         if self.world_size > 1:
-            dist.all_reduce(flat)
+            self.comm.all_reduce(flat)
             flat /= self.world_size
         offset = 0
         for p in params:
             p.grad = flat[offset:offset + p.numel()].view_as(p).clone()
             offset += p.numel()
+        if self.fparams is not self.params:
+            for s in sources:
+                s.grad = None
         grad_norm = clip_gradients(params, self.args.clip_grad)
         if not self.args.debug_skip_optimizer_step:
             set_learning_rate(self.optimizer, self._lr())
@@ -261,6 +318,7 @@ class TrainRank:
             if self.ema is not None:
                 self.ema.update(self.params)
         self.optimizer.zero_grad(set_to_none=True)
+        self._sync_compute()
         return grad_norm
 
     def _lr(self) -> float:
@@ -279,16 +337,13 @@ class TrainRank:
         keys = sorted(metrics)
         maxed = [k for k in keys if k.endswith("max_abs_diff") or k == "train/log_prob_abs_diff"]
         summed = [k for k in keys if k not in maxed]
-        sums = torch.tensor([metrics[k] for k in summed], dtype=torch.float64)
-        dist.all_reduce(sums)
+        sums = self.comm.all_reduce(self.comm.metric_tensor([metrics[k] for k in summed]))
         out = {k: float(v) / self.world_size for k, v in zip(summed, sums)}
         if probe is not None:  # the mean diff is a mean over every rank's elements
-            counts = torch.tensor([probe.abs_sum, float(probe.count)], dtype=torch.float64)
-            dist.all_reduce(counts)
+            counts = self.comm.all_reduce(self.comm.metric_tensor([probe.abs_sum, float(probe.count)]))
             out["train/model_output_mean_abs_diff"] = float(counts[0] / counts[1]) if counts[1] else 0.0
         if maxed:
-            maxes = torch.tensor([metrics[k] for k in maxed], dtype=torch.float64)
-            dist.all_reduce(maxes, op=dist.ReduceOp.MAX)
+            maxes = self.comm.all_reduce(self.comm.metric_tensor([metrics[k] for k in maxed]), op="max")
             out.update({k: float(v) for k, v in zip(maxed, maxes)})
         return out
 
@@ -300,7 +355,9 @@ class TrainRank:
     # -- weights out --------------------------------------------------------------------------
 
     def weight_updates(self) -> list[WeightUpdate]:
-        return collect_weight_updates(self.model.transformers, self.components, lora_only=self.lora is not None)
+        """The trained components as the engines hold them: from the compute copy when there is one
+        (the compute dtype is the rollout dtype), so engines receive weights in --rollout-dtype."""
+        return collect_weight_updates(self.fmodel.transformers, self.components, lora_only=self.lora is not None)
 
     def trained_state(self) -> dict[str, torch.Tensor]:
         """Every trained tensor by `<component>.<param name>`, CPU copies (tests compare runs with it)."""
@@ -333,11 +390,24 @@ class TrainRank:
             if self.ema is not None and (path / f"ema_{component}.safetensors").exists():
                 shadow = ckpt.load_tensors(path / f"ema_{component}.safetensors")
                 self.ema.load_state_dict({**self.ema.shadow, **{f"{component}.{n}": t for n, t in shadow.items()}})
+        self._sync_compute()
         state = torch.load(path / "optimizer.pt", weights_only=False)
         self.optimizer.load_state_dict(state["optimizer"])
         self.optimizer_step = state["optimizer_step"]
         rng_file = path / f"rng_rank{self.rank}.pt"
         ckpt.set_rng_state(torch.load(rng_file if rng_file.exists() else path / "rng_rank0.pt", weights_only=False))
+
+
+def enable_gradient_checkpointing(module: torch.nn.Module, family: str, component: str) -> None:
+    """--gradient-checkpointing through the diffusers API, or an error naming the family."""
+    if not getattr(module, "_supports_gradient_checkpointing", False) or not hasattr(
+            module, "enable_gradient_checkpointing"):
+        raise ValueError(f"--gradient-checkpointing: the {family} family's {component} "
+                         f"({type(module).__name__}) does not support gradient checkpointing; drop the flag")
+    module.enable_gradient_checkpointing()
+    if not getattr(module, "is_gradient_checkpointing", True):
+        raise ValueError(f"--gradient-checkpointing: enabling it on the {family} family's {component} "
+                         f"({type(module).__name__}) had no effect; drop the flag")
 
 
 @dataclass

@@ -89,10 +89,12 @@ def _plan_cpu(n_train: int, n_engines: int, n_reward: int, cpus_available: float
 
 
 def _plan_gpu(args, n_train: int, n_engines: int, n_reward: int) -> PlacementPlan:
-    per_engine = max(1, args.rollout_num_gpus_per_engine)
+    per_engine = args.rollout_num_gpus_per_engine
+    if per_engine != 1:  # the validator refuses it first; never reserve GPUs an engine would not use
+        raise ValueError(f"--rollout-num-gpus-per-engine {per_engine}: an engine runs on one device; use 1")
     reward_gpus = float(getattr(args, "rm_num_gpus_per_worker", 0.0) or 0.0)
     colocate_reward = bool(getattr(args, "colocate_reward", False)) and reward_gpus > 0 and n_engines > 0
-    colocated = args.colocate and n_train > 0 and per_engine == 1
+    colocated = args.colocate and n_train > 0
     bundles: list[dict[str, float]] = []
     train, rollout, reward = [], [], []
     for _ in range(n_train):

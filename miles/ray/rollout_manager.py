@@ -52,6 +52,7 @@ class RolloutManager:
         self.rewards = RewardPool(args, placement_group=pg if colocated else None, bundle_indices=colocated or None)
         ray.get([e.ready.remote() for e in self.engines])
         self.last_images: list[torch.Tensor] = []
+        self.last_captions: list[tuple[str, float]] = []  # (prompt, reward) of each of last_images
 
     def _sample(self, requests: list[SampleRequest], trained_steps: list[int], debug: bool) -> list[Trajectory]:
         import ray
@@ -80,8 +81,10 @@ class RolloutManager:
         for t, r in zip(trajectories, rewards):
             t.reward = r
         advantages = compute_advantages(torch.tensor(rewards), n, globalize_mean=args.globalize_reward_mean,
-                                        globalize_std=args.globalize_reward_std, adv_clip_max=args.diffusion_adv_clip_max)
+                                        globalize_std=args.globalize_reward_std, adv_clip_max=args.diffusion_adv_clip_max,
+                                        estimator=args.advantage_estimator)
         self.last_images = [t.image for t in trajectories]
+        self.last_captions = [(t.prompt, r) for t, r in zip(trajectories, rewards)]
         reward_t = torch.tensor(rewards, dtype=torch.float64)
         metrics = {
             "rollout/reward/raw_mean": float(reward_t.mean()),

@@ -65,6 +65,39 @@ def test_curves_and_image_grid_are_written(tmp_path):
     assert Image.open(grid).size == (24, 16)  # 3 columns x 2 rows
 
 
+def test_curves_have_labelled_axes_and_the_parity_caption(tmp_path):
+    from miles.backends.metrics import CURVE_PANELS, PARITY_CAPTION, curves_figure
+
+    rows = [{"rollout_id": i, "rollout/reward/raw_mean": 0.1 * i, "train/loss": 0.5, "train/grad_norm": 1.0,
+             "train/model_output_max_abs_diff": 0.0} for i in range(3)]
+    fig = curves_figure(rows)
+    axes = fig.axes
+    assert [ax.get_xlabel() for ax in axes] == ["rollout"] * len(CURVE_PANELS)
+    for ax, (key, _, _) in zip(axes, CURVE_PANELS):
+        assert key in ax.get_ylabel()  # each y axis names its metric
+        assert len(ax.lines[0].get_xdata()) == 3
+    assert PARITY_CAPTION in [t.get_text() for t in fig.texts]
+    assert "must be exactly 0" in PARITY_CAPTION and "|train forward - rollout forward|" in PARITY_CAPTION
+
+
+def test_last_rollout_grid_captions_each_sample_with_its_prompt_and_reward(tmp_path):
+    from PIL import Image
+
+    from miles.backends.metrics import image_grid_figure, save_image_grid
+
+    long_prompt = "a watercolor painting of a lighthouse on a cliff at dusk with seagulls and waves"
+    captions = [(long_prompt, 0.8125), ("a red car", 0.25), ("a blue bird", -1.5)]
+    images = [torch.rand(3, 8, 8), torch.rand(2, 3, 8, 8), torch.rand(3, 8, 8)]  # a video shows its first frame
+    titles = [ax.get_title() for ax in image_grid_figure(images, captions).axes if ax.get_title()]
+    assert len(titles) == 3
+    assert titles[1] == "a red car\nreward 0.25" and titles[2].endswith("reward -1.5")
+    first_line = titles[0].splitlines()[0]
+    assert first_line.startswith("a watercolor painting") and first_line.endswith("\u2026") and len(first_line) <= 40
+    assert titles[0].endswith("reward 0.8125")
+    out = save_image_grid(images, tmp_path / "last_rollout.png", captions=captions)
+    assert Image.open(out).size[0] > 0
+
+
 WANDB_SCRIPT = """
 import sys
 from types import SimpleNamespace

@@ -52,6 +52,19 @@ def test_train_only_sft_and_rollout_only_drop_their_actors():
 
 
 @pytest.mark.parametrize("n", [1, 3])
-def test_engine_count_follows_rollout_gpus_per_engine(n):
-    plan = plan_placement(flags(device="cuda", rollout_num_gpus=2 * n, rollout_num_gpus_per_engine=2))
-    assert len(plan.rollout) == n and all(s.num_gpus == 2.0 for s in plan.rollout)
+def test_engine_count_follows_rollout_gpus_one_gpu_per_engine(n):
+    plan = plan_placement(flags(device="cuda", rollout_num_gpus=n))
+    assert len(plan.rollout) == n and all(s.num_gpus == 1.0 for s in plan.rollout)
+
+
+def test_multi_gpu_engines_are_refused_not_given_gpus_they_would_not_use():
+    # --rollout-num-gpus-per-engine 2 used to reserve 2 GPUs per engine (and drop --colocate)
+    with pytest.raises(ValueError, match="rollout-num-gpus-per-engine 2: an engine runs on one device; use 1"):
+        plan_placement(flags(device="cuda", colocate=True, rollout_num_gpus=2, rollout_num_gpus_per_engine=2))
+
+
+def test_colocate_shares_the_train_bundles_on_gpu_and_separates_them_without_it():
+    shared = plan_placement(flags(device="cuda", colocate=True))
+    own = plan_placement(flags(device="cuda", colocate=False, rollout_num_gpus=2))
+    assert len(shared.bundles) == 2 and {s.bundle_index for s in shared.rollout} <= {s.bundle_index for s in shared.train}
+    assert len(own.bundles) == 4 and not {s.bundle_index for s in own.rollout} & {s.bundle_index for s in own.train}

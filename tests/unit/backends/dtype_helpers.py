@@ -1,0 +1,59 @@
+"""Tiny sd3 runs driven in process (no Ray) by the dtype, collectives and checkpointing tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+ASSETS = Path("/tmp/miles-test-assets-backends")
+
+TINY = ("--rollout-batch-size 2 --n-samples-per-prompt 2 --diffusion-height 64 --diffusion-width 64 "
+        "--diffusion-num-steps 4 --diffusion-num-sde-steps 2 --rm-type brightness --device cpu --lr 1e-3 "
+        "--diffusion-clip-range 1e-2 --diffusion-debug-mode --num-rollout 2 --num-steps-per-rollout 2")
+
+
+def tiny_assets(family: str = "sd3"):
+    from miles.models.create_checkpoint import ensure_checkpoint
+    from miles.rollout.prompts import ensure_prompt_file
+
+    checkpoint = ensure_checkpoint(family, "tiny", 0, ASSETS)
+    prompts = ensure_prompt_file("tiny", ASSETS / "prompts.jsonl", num_prompts=16)
+    return checkpoint, prompts
+
+
+def tiny_args(run_dir, extra: str = ""):
+    from miles.utils.arguments import parse_and_plan
+
+    checkpoint, prompts = tiny_assets()
+    defaults = "" if "--actor-num-gpus-per-node" in extra else "--actor-num-gpus-per-node 1 --num-gpus-per-node 2"
+    argv = f"--hf-checkpoint {checkpoint} --prompt-data {prompts} --run-dir {run_dir} {TINY} {defaults} {extra}"
+    return parse_and_plan(argv.split())
+
+
+def engine_for(args):
+    from miles.backends.actor import CPU_THREADS_PER_ACTOR
+    from miles.rollout.engine import RolloutEngine
+
+    return RolloutEngine.from_args(args, num_threads=CPU_THREADS_PER_ACTOR)
+
+
+def one_rollout(args, rollout_id: int = 0, engine=None, dataset=None):
+    """A scored rollout of the tiny run (trained steps 0 and 1), as the driver would hand it over."""
+    from miles.backends.loss import compute_advantages
+    from miles.backends.types import RolloutBatch
+    from miles.ray.rollout_manager import sample_seed
+    from miles.rollout.data import PromptDataset
+    from miles.rollout.rm_hub.pool import LocalRewardScorer
+    from miles.rollout.rm_hub.types import RewardSample
+    from miles.rollout.types import SampleRequest
+
+    engine = engine or engine_for(args)
+    dataset = dataset or PromptDataset.from_args(args)
+    items = dataset.next_batch(args.rollout_batch_size)
+    requests = [SampleRequest(it.prompt, g, j, sample_seed(args.rollout_seed, rollout_id, g, j), dict(it.metadata))
+                for g, it in enumerate(items) for j in range(args.n_samples_per_prompt)]
+    trajectories = engine.generate(requests, [0, 1], True)
+    rewards = LocalRewardScorer(args).score([RewardSample(t.prompt, t.image, t.metadata) for t in trajectories])
+    advantages = compute_advantages(torch.tensor(rewards), args.n_samples_per_prompt)
+    return RolloutBatch(rollout_id, trajectories, rewards, advantages.tolist(), [0, 1])

@@ -1,0 +1,153 @@
+"""Every train_diffusion.py flag -> the test that observes its effect (or its refusal).
+
+tests/unit/utils/test_flag_coverage.py walks the parser and fails for a flag missing here, or
+whose test no longer exists. A new flag gets an entry with the test of what it does; a flag
+value the trainer cannot honour is refused by the parser, and the entry names that test.
+Node ids are `path::function` (a parametrized test by its function name).
+"""
+
+A = "tests/unit/utils/test_arguments.py"
+R = "tests/unit/utils/test_arguments_rules.py"
+B = "tests/unit/utils/test_batching.py"
+V = "tests/unit/utils/test_validate_only.py"
+P = "tests/unit/ray/test_placement.py"
+DP = "tests/unit/ray/test_data_parallel.py"
+LOOP = "tests/unit/ray/test_train_loop.py"
+RESUME = "tests/unit/ray/test_resume.py"
+W = "tests/unit/backends/test_flag_wiring.py"
+DT = "tests/unit/backends/test_compute_dtype.py"
+L = "tests/unit/backends/test_loss.py"
+O = "tests/unit/backends/test_optimizer_ema.py"
+M = "tests/unit/backends/test_metrics.py"
+SFT = "tests/unit/backends/test_sft_train.py"
+STEP = "tests/unit/rollout/test_step_strategy.py"
+SAMPLER = "tests/unit/rollout/test_sampler.py"
+DATA = "tests/unit/rollout/test_data.py"
+SCORE = "tests/unit/rollout/rm_hub/test_score_samples.py"
+POOL = "tests/unit/rollout/rm_hub/test_reward_pool.py"
+
+FLAG_TESTS = {
+    # cluster
+    "--actor-num-nodes": f"{R}::test_train_nodes_fit_the_job",
+    "--actor-num-gpus-per-node": f"{DP}::test_two_ranks_match_one_rank_and_each_trains_its_own_shard",
+    "--rollout-num-gpus": f"{P}::test_engine_count_follows_rollout_gpus_one_gpu_per_engine",
+    "--rollout-num-gpus-per-engine": f"{R}::test_multi_gpu_engines_are_refused",
+    "--num-gpus-per-node": f"{R}::test_train_gpus_per_node_fit_a_node",
+    "--num-nodes": f"{R}::test_separate_reward_node_is_counted_with_num_nodes",
+    "--colocate": f"{P}::test_colocate_shares_the_train_bundles_on_gpu_and_separates_them_without_it",
+    "--sequence-parallel-size": f"{R}::test_sequence_parallel_size_other_than_1_is_refused",
+    "--device": f"{POOL}::test_workers_of_a_cpu_job_ask_for_no_gpu_whatever_the_gpu_share",
+    # batch
+    "--rollout-batch-size": f"{R}::test_worked_example_of_the_design_gives_its_counts",
+    "--n-samples-per-prompt": f"{R}::test_worked_example_of_the_design_gives_its_counts",
+    "--global-batch-size": f"{R}::test_worked_example_of_the_design_gives_its_counts",
+    "--num-steps-per-rollout": f"{R}::test_num_steps_per_rollout_derives_the_global_batch_size",
+    "--micro-batch-size": f"{R}::test_flat_micro_batch_must_divide_the_pairs_of_an_optimizer_step",
+    "--micro-batch-size-sample": f"{R}::test_2d_tile_overrides_the_flat_micro_batch_size",
+    "--micro-batch-size-tstep": f"{R}::test_2d_tile_overrides_the_flat_micro_batch_size",
+    "--diffusion-train-iter-order": f"{B}::test_2d_tiles_visit_timesteps_first_in_timestep_major_order",
+    "--train-dp-split-mode": f"{DP}::test_two_ranks_match_one_rank_and_each_trains_its_own_shard",
+    "--num-rollout": f"{LOOP}::test_parity_probe_is_exactly_zero_when_weights_are_synced",
+    "--num-epoch": f"{R}::test_run_length_is_required",
+    # sampling
+    "--diffusion-num-steps": f"{W}::test_sampling_flags_reach_the_engine",
+    "--diffusion-num-sde-steps": f"{STEP}::test_all_steps_are_trained_when_num_sde_steps_is_unset",
+    "--diffusion-step-strategy-path": f"{STEP}::test_a_dotted_path_names_a_custom_strategy",
+    "--diffusion-sde-window-max-start": f"{STEP}::test_sde_window_is_contiguous_and_starts_anywhere_up_to_the_max_start",
+    "--diffusion-noise-level": f"{W}::test_sampling_flags_reach_the_engine",
+    "--diffusion-guidance-scale": f"{W}::test_sampling_flags_reach_the_engine",
+    "--diffusion-guidance-scale-2": f"{R}::test_wan22_needs_guidance_scale_2_when_the_low_noise_expert_trains",
+    "--diffusion-height": f"{W}::test_sampling_flags_reach_the_engine",
+    "--diffusion-width": f"{W}::test_sampling_flags_reach_the_engine",
+    "--diffusion-output-num-frames": f"{W}::test_sampling_flags_reach_the_engine",
+    "--diffusion-sde-type": f"{W}::test_sampling_flags_reach_the_engine",
+    "--diffusion-shift": f"{R}::test_wan22_shift_moves_the_boundary",
+    "--diffusion-max-sequence-length": f"{W}::test_sampling_flags_reach_the_engine",
+    "--negative-prompt": f"{SAMPLER}::test_negative_prompt_steers_guided_samples_and_is_ignored_at_scale_one",
+    "--rollout-microgroup-size": f"{SAMPLER}::test_rollout_is_reproducible_whatever_the_microgroups_or_order",
+    "--rollout-seed": f"{DATA}::test_from_args_reads_the_trainer_flags",
+    "--rollout-shuffle": f"{DATA}::test_from_args_reads_the_trainer_flags",
+    # model
+    "--hf-checkpoint": f"{A}::test_hf_checkpoint_is_required",
+    "--diffusion-model-family": f"{R}::test_family_that_cannot_be_told_from_the_checkpoint_is_refused",
+    "--update-weight-target-module": "tests/unit/backends/test_lora_weight_sync.py::"
+                                     "test_sync_components_default_to_every_transformer_and_reject_unknown_names",
+    "--param-dtype": f"{DT}::test_bf16_compute_keeps_parity_exact_with_fp32_master_weights",
+    "--compute-dtype": f"{DT}::test_bf16_compute_keeps_parity_exact_with_fp32_master_weights",
+    "--rollout-dtype": f"{DT}::test_dtype_combinations_without_exact_parity_are_refused_naming_the_fix",
+    "--gradient-checkpointing": "tests/unit/backends/test_gradient_checkpointing.py::"
+                                "test_gradients_are_equal_with_and_without_checkpointing",
+    # algorithm
+    "--loss-type": f"{SFT}::test_sft_loss_decreases_on_tiny_sd3",
+    "--custom-loss-function-path": f"{L}::test_custom_loss_loads_from_both_path_forms",
+    "--advantage-estimator": f"{W}::test_algorithm_flags_reach_the_loss_and_the_advantages",
+    "--diffusion-clip-range": f"{W}::test_clip_range_and_nft_beta_change_the_loss",
+    "--diffusion-adv-clip-max": f"{W}::test_algorithm_flags_reach_the_loss_and_the_advantages",
+    "--diffusion-kl-beta": f"{L}::test_policy_loss_adds_the_kl_to_the_reference",
+    "--diffusion-kl-reference": f"{R}::test_kl_with_a_reference_is_accepted",
+    "--globalize-reward-mean": f"{W}::test_algorithm_flags_reach_the_loss_and_the_advantages",
+    "--globalize-reward-std": f"{W}::test_algorithm_flags_reach_the_loss_and_the_advantages",
+    "--nft-beta": f"{W}::test_clip_range_and_nft_beta_change_the_loss",
+    "--use-ema": f"{O}::test_ema_moves_a_decay_fraction_toward_the_weights",
+    "--ema-decay": f"{O}::test_ema_moves_a_decay_fraction_toward_the_weights",
+    # optimizer
+    "--lr": f"{W}::test_optimizer_flags_reach_adamw",
+    "--min-lr": f"{O}::test_linear_and_cosine_decay_hit_half_way_and_the_floor",
+    "--lr-decay-style": f"{O}::test_linear_and_cosine_decay_hit_half_way_and_the_floor",
+    "--lr-warmup-steps": f"{O}::test_warmup_is_linear_then_reaches_the_peak",
+    "--adam-beta1": f"{W}::test_optimizer_flags_reach_adamw",
+    "--adam-beta2": f"{W}::test_optimizer_flags_reach_adamw",
+    "--adam-eps": f"{W}::test_optimizer_flags_reach_adamw",
+    "--weight-decay": f"{W}::test_optimizer_flags_reach_adamw",
+    "--clip-grad": f"{O}::test_gradient_clipping_returns_the_norm_before_clipping",
+    "--seed": "tests/unit/backends/test_sft_train.py::test_noise_and_data_position_are_functions_of_the_seed",
+    # lora
+    "--use-lora": f"{SFT}::test_sft_with_lora_trains_only_adapters",
+    "--lora-rank": f"{R}::test_lora_defaults_follow_the_rank_and_the_family",
+    "--lora-alpha": "tests/unit/models/test_loader.py::test_trainer_peft_model_and_engine_lora_give_identical_velocity",
+    "--lora-target-modules": f"{R}::test_lora_defaults_follow_the_rank_and_the_family",
+    # reward
+    "--rm-type": f"{SCORE}::test_metadata_rm_type_overrides_the_flag_per_sample",
+    "--custom-rm-path": f"{SCORE}::test_custom_reward_is_used_when_no_rm_type",
+    "--reward-key": f"{SCORE}::test_reward_key_selects_from_dict_results",
+    "--rm-num-workers": f"{POOL}::test_pool_matches_local_scorer_in_order_and_names_global_sample_on_error",
+    "--rm-num-gpus-per-worker": f"{POOL}::test_workers_ask_for_a_quarter_cpu_and_the_configured_gpu_share",
+    "--colocate-reward": f"{P}::test_gpu_colocate_puts_engines_and_colocated_rewards_in_the_train_bundles",
+    "--pickscore-model-path": "tests/unit/rollout/rm_hub/test_pickscore_reward.py::"
+                              "test_pickscore_without_model_path_is_a_named_error",
+    "--reward-timeout": f"{SCORE}::test_timeout_names_the_reward",
+    # data
+    "--prompt-data": f"{DATA}::test_from_args_reads_the_trainer_flags",
+    "--input-key": f"{DATA}::test_reads_prompts_and_metadata_with_custom_keys",
+    "--metadata-key": f"{DATA}::test_reads_prompts_and_metadata_with_custom_keys",
+    # eval
+    "--eval-interval": f"{LOOP}::test_skipped_optimizer_steps_keep_parity_and_eval_runs_on_its_interval",
+    "--eval-prompt-data": f"{LOOP}::test_skipped_optimizer_steps_keep_parity_and_eval_runs_on_its_interval",
+    "--eval-num-prompts": f"{LOOP}::test_skipped_optimizer_steps_keep_parity_and_eval_runs_on_its_interval",
+    # checkpoint
+    "--save": f"{RESUME}::test_killed_run_resumes_at_the_next_rollout_and_ends_like_an_uninterrupted_one",
+    "--save-interval": f"{RESUME}::test_killed_run_resumes_at_the_next_rollout_and_ends_like_an_uninterrupted_one",
+    "--load": f"{RESUME}::test_killed_run_resumes_at_the_next_rollout_and_ends_like_an_uninterrupted_one",
+    "--start-rollout-id": f"{M}::test_a_resumed_logger_drops_rows_from_the_start_id_on",
+    # debug
+    "--diffusion-debug-mode": f"{LOOP}::test_parity_probe_is_exactly_zero_when_weights_are_synced",
+    "--debug-skip-optimizer-step": f"{LOOP}::test_skipped_optimizer_steps_keep_parity_and_eval_runs_on_its_interval",
+    "--debug-rollout-only": f"{LOOP}::test_rollout_only_generates_and_scores_without_training",
+    "--train-only": f"{R}::test_train_only_runs_no_rollout_engines",
+    "--debug-skip-weight-update-at": f"{LOOP}::test_a_skipped_weight_update_makes_the_parity_probe_fail",
+    # determinism
+    "--deterministic-mode": f"{LOOP}::test_two_deterministic_runs_write_identical_metrics",
+    # logging
+    "--run-dir": f"{R}::test_run_dir_defaults_to_a_timestamped_dir_under_runs",
+    "--use-wandb": f"{M}::test_wandb_offline_mirrors_the_metrics",
+    "--wandb-project": f"{M}::test_wandb_offline_mirrors_the_metrics",
+    "--wandb-group": f"{M}::test_wandb_offline_mirrors_the_metrics",
+    "--wandb-run-name": f"{M}::test_wandb_offline_mirrors_the_metrics",
+    "--wandb-mode": f"{M}::test_wandb_offline_mirrors_the_metrics",
+    "--wandb-dir": f"{M}::test_wandb_offline_mirrors_the_metrics",
+    "--wandb-required": "tests/unit/backends/test_wandb_conventions.py::"
+                        "test_a_wandb_that_cannot_start_is_one_warning_and_the_run_goes_on",
+    # config
+    "--custom-config-path": f"{A}::test_config_file_overrides_the_command_line_key_by_key",
+    "--validate-only": f"{V}::test_main_returns_0_after_validate_only",
+}
