@@ -13,6 +13,10 @@ from typing import Iterable
 from ci.scheduler import Job
 
 DEFAULT_TIMEOUT = 3600.0
+# how a multi-node case's per-node bundles are placed (Ray placement group strategies)
+PLACEMENTS = ("STRICT_SPREAD", "SPREAD", "STRICT_PACK", "PACK")
+# in a case's command, replaced by the Python that runs it (the runner's, or a Ray worker's)
+PYTHON = "{python}"
 
 
 @dataclass(frozen=True)
@@ -26,10 +30,29 @@ class Case:
     recipe: str | None = None
     suites: tuple[str, ...] | None = None  # None: a synthetic case, in every suite
     labels: tuple[str, ...] = ()
+    # a command instead of `pytest <nodeid>` (synthetic suites); "{python}" is the interpreter
+    command: tuple[str, ...] | None = None
+    # spread over this many nodes, gpus // nodes on each (Ray mode only)
+    nodes: int = 1
+    placement: str = "STRICT_SPREAD"
+
+    def __post_init__(self) -> None:
+        if self.nodes < 1 or self.gpus % self.nodes:
+            raise ValueError(f"{self.name}: {self.gpus} GPUs do not split evenly over {self.nodes} nodes")
+        if self.placement not in PLACEMENTS:
+            raise ValueError(f"{self.name}: placement must be one of {PLACEMENTS}, got {self.placement!r}")
 
     @property
     def job(self) -> Job:
         return Job(self.name, self.gpus, self.est_time)
+
+    @property
+    def gpus_per_node(self) -> int:
+        return self.gpus // self.nodes
+
+    @property
+    def runnable(self) -> bool:
+        return bool(self.nodeid or self.command)
 
 
 class CollectError(RuntimeError):
@@ -37,7 +60,9 @@ class CollectError(RuntimeError):
 
 
 def case_from_dict(entry: dict) -> Case:
-    """Harness metadata and synthetic suites ({"name", "gpus", "est_time"}) alike."""
+    """Harness metadata and synthetic suites ({"name", "gpus", "est_time"}) alike; a synthetic
+    case may carry a `command` (argv) to run instead of pytest, and a multi-node case `nodes`
+    (its `gpus` split evenly over them) and `placement` (a Ray placement group strategy)."""
     gpus = int(entry.get("gpus") or 0)
     timeout = entry.get("timeout") or DEFAULT_TIMEOUT
     est_time = entry.get("est_time") or timeout
@@ -51,6 +76,9 @@ def case_from_dict(entry: dict) -> Case:
         recipe=entry.get("recipe"),
         suites=tuple(entry["suites"]) if entry.get("suites") is not None else None,
         labels=tuple(entry.get("labels") or ()),
+        command=tuple(entry["command"]) if entry.get("command") else None,
+        nodes=int(entry.get("nodes") or 1),
+        placement=str(entry.get("placement") or "STRICT_SPREAD").upper(),
     )
 
 

@@ -56,6 +56,10 @@ def _properties(result: CaseResult) -> dict:
         props["peak_memory"] = result.peak_memory
     if result.verdict is not None:
         props["gate"] = result.verdict.describe()
+    if result.node:
+        props["node"] = result.node
+    if result.lost_on:
+        props["lost_on"] = ", ".join(result.lost_on)
     return props
 
 

@@ -10,6 +10,8 @@ from pathlib import Path
 from ci.history import Verdict, throughput_value
 
 LOG_TAIL_LINES = 60
+# the message of a case whose node died under it (Ray mode); it says nothing about the case
+NODE_LOST = "node lost"
 
 
 @dataclass
@@ -27,6 +29,13 @@ class CaseResult:
     log_tail: str = ""
     harness_result: dict | None = None
     verdict: Verdict | None = None
+    node: str = ""  # the Ray node it ran on (Ray mode); empty on a single node
+    lost_on: tuple[str, ...] = ()  # nodes that died under its attempts (Ray mode)
+    lost_tail: str = ""  # the log tail when the last of them died
+
+    @property
+    def node_lost(self) -> bool:
+        return self.outcome == "error" and self.message.startswith(NODE_LOST)
 
     @property
     def failed(self) -> bool:

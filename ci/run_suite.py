@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
-"""Runs a suite of recipe test cases on one node, packing them onto its GPUs.
+"""Runs a suite of recipe test cases on one node, packing them onto its GPUs, or on a Ray
+cluster of GPU nodes (--ray-address, or MILES_CI_RAY_ADDRESS), which places them.
 
     python3 ci/run_suite.py --suite nightly --tier gpu --history-db ~/.cache/miles-ci/history.sqlite
     python3 ci/run_suite.py --suite-json suite.json --gpus 8 --plan
+    python3 ci/run_suite.py --suite nightly-gpu --ray-address HEAD:6379 --retry-lost 1
 
 See docs/ci.md.
 """
@@ -26,12 +28,15 @@ if str(REPO) not in sys.path:
 from ci.cases import Case, CollectError, Selection, collect_cases, load_cases, select  # noqa: E402
 from ci.history import History, load_thresholds  # noqa: E402
 from ci.junit import write_junit  # noqa: E402
+from ci.results import CaseResult  # noqa: E402
 from ci.runner import DEFAULT_GPU_WAIT, RunSettings, SuiteRunner  # noqa: E402
 from ci.scheduler import Plan, make_plan, wide_job_bound  # noqa: E402
 from ci.summary import RunFacts, duration, render, write_summary  # noqa: E402
 
 DEFAULT_THRESHOLDS = REPO / "ci" / "thresholds.yaml"
 USAGE_ERROR = 2
+NODE_LOST_EXIT = 3  # nothing failed but cases whose node died (and were not rerun)
+RAY_ADDRESS_ENV = "MILES_CI_RAY_ADDRESS"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -61,7 +66,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="local-search steps spent improving the packing")
     p.add_argument("--gpu-wait", type=float, default=DEFAULT_GPU_WAIT,
                    help="seconds a GPU case's lease may wait for its GPUs to show free (0: off)")
-    p.add_argument("--workdir", type=Path, default=REPO, help="where pytest runs")
+    p.add_argument("--workdir", type=Path, default=REPO,
+                   help="where pytest runs (in Ray mode: the same path on every node)")
+    p.add_argument("--ray-address", default=os.environ.get(RAY_ADDRESS_ENV) or None,
+                   help=f"run the cases on this Ray cluster (host:port of its GCS, or 'auto'; "
+                        f"default ${RAY_ADDRESS_ENV})")
+    p.add_argument("--ray-working-dir", type=Path,
+                   help="upload this directory to the nodes as the cases' working dir, "
+                        "instead of finding the repository at --workdir on each node")
+    p.add_argument("--retry-lost", type=int, default=0,
+                   help="Ray mode: rerun a case this many times when its node dies under it")
     p.add_argument("pytest_args", nargs="*", help="passed to every case's pytest (after --)")
     return p.parse_args(argv)
 
@@ -129,10 +143,13 @@ def default_out(suite: str) -> Path:
     return REPO / "logs" / "ci" / f"{suite}-{stamp}"
 
 
-def run(args: argparse.Namespace, cases: list[Case], plan: Plan, labels: list[str]) -> int:
-    not_runnable = [c.name for c in cases if not c.nodeid]
+def run(args: argparse.Namespace, cases: list[Case], plan: Plan, labels: list[str],
+        backend=None, cluster: str | None = None) -> int:
+    """Runs the cases (on this node, or through `backend(settings)` on a cluster) and writes
+    the JUnit file, the summary and the gate's history: the same for both."""
+    not_runnable = [c.name for c in cases if not c.runnable]
     if not_runnable:
-        print(f"cannot run cases without a nodeid (synthetic?): {', '.join(not_runnable)}",
+        print(f"cannot run cases without a nodeid or command (synthetic?): {', '.join(not_runnable)}",
               file=sys.stderr)
         return USAGE_ERROR
     suite = args.suite or (args.suite_json.stem if args.suite_json else "all")
@@ -144,18 +161,86 @@ def run(args: argparse.Namespace, cases: list[Case], plan: Plan, labels: list[st
     # CI cancels with SIGTERM; turned into SystemExit it reaches the runner's clean-up
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     try:
-        results = SuiteRunner(cases, plan, settings, on_finish=print_progress).run()
+        runner = backend(settings) if backend else SuiteRunner(cases, plan, settings,
+                                                               on_finish=print_progress)
+        results = in_case_order(runner.run(), cases)
     finally:
         if history:
             history.close()
     wall = time.monotonic() - started
     write_junit(args.junit or out / "junit.xml", suite, results, wall)
     facts = RunFacts(suite, tuple(labels), plan.makespan, plan.lower_bound, wall,
-                     str(args.history_db) if args.history_db else None)
+                     str(args.history_db) if args.history_db else None,
+                     achieved_makespan(results), cluster)
     write_summary(args.summary or out / "summary.md", render(facts, results))
     failed = [r.name for r in results if r.failed]
-    print(f"{len(results)} cases, {len(failed)} failed; JUnit and summary in {out}")
-    return 1 if failed else 0
+    ratio = f"{facts.achieved_makespan / plan.lower_bound:.3f}" if plan.lower_bound else "-"
+    print(f"{len(results)} cases, {len(failed)} failed; achieved makespan "
+          f"{facts.achieved_makespan:.1f}s, lower bound {plan.lower_bound:.1f}s (ratio {ratio}); "
+          f"JUnit and summary in {out}")
+    return exit_code(results)
+
+
+def in_case_order(results: list[CaseResult], cases: list[Case]) -> list[CaseResult]:
+    by_name = {r.name: r for r in results}
+    return [by_name[c.name] for c in cases if c.name in by_name]
+
+
+def achieved_makespan(results: list[CaseResult]) -> float:
+    """The schedule's makespan: from the first case's start to the last case's end (what the
+    plan's makespan predicts; the wall time beside it also counts connecting and reporting)."""
+    ran = [r for r in results if r.wall_time]
+    if not ran:
+        return 0.0
+    return max(r.start + r.wall_time for r in ran) - min(r.start for r in ran)
+
+
+def exit_code(results: list[CaseResult]) -> int:
+    failed = [r for r in results if r.failed]
+    if not failed:
+        return 0
+    return NODE_LOST_EXIT if all(r.node_lost for r in failed) else 1
+
+
+def run_on_ray(args: argparse.Namespace, cases: list[Case]) -> int:
+    """The cluster's GPUs are the pool: plan on their total, submit in the plan's order."""
+    from ci import ray_backend
+
+    options = ray_backend.RayOptions(args.ray_address, max(args.retry_lost, 0), args.ray_working_dir)
+    ray_backend.connect(options, REPO)
+    try:
+        nodes = [n for n in ray_backend.gpu_nodes() if n.gpus] or ray_backend.gpu_nodes()
+        labels = [f"{n.node_id[:6]}:{i}" for n in nodes for i in range(n.gpus)]
+        cluster = (f"at {args.ray_address}: {len(nodes)} nodes, {len(labels)} GPUs "
+                   f"({' + '.join(str(n.gpus) for n in nodes)})")
+        # the GPUs of all nodes together are the plan's pool; cases that need more than half a
+        # node (or several nodes) lead the order: planned late, they would wait for a drain
+        wide = ray_backend.lead_cases(cases, nodes)
+        plan = plan_and_show(args, cases, labels, first=tuple(c.name for c in wide))
+        if args.plan:
+            return 0
+
+        def backend(settings: RunSettings):
+            return ray_backend.RaySuiteRunner(cases, plan, settings, options, nodes,
+                                              lead=len(wide), on_finish=print_progress)
+
+        return run(args, cases, plan, labels, backend, cluster)
+    finally:
+        import ray
+
+        ray.shutdown()
+
+
+def plan_and_show(args: argparse.Namespace, cases: list[Case], labels: list[str],
+                  first: tuple[str, ...] = ()) -> Plan:
+    plan = make_plan([c.job for c in cases], range(len(labels)), max(args.cpu_jobs, 1),
+                     iterations=args.search_iterations, first=first)
+    if args.plan_json:
+        entries = [json.dumps(e) for e in plan_json(plan, labels)]
+        args.plan_json.write_text("[\n" + ",\n".join(entries) + "\n]\n")
+    if args.plan:
+        print(plan_text(plan, labels))
+    return plan
 
 
 def print_progress(result) -> None:
@@ -173,14 +258,11 @@ def main(argv: list[str] | None = None) -> int:
     if not cases:
         print("no case matches the selection", file=sys.stderr)
         return USAGE_ERROR
+    if args.ray_address:
+        return run_on_ray(args, cases)
     labels = visible_gpu_labels(args.gpus)
-    plan = make_plan([c.job for c in cases], range(len(labels)), max(args.cpu_jobs, 1),
-                     iterations=args.search_iterations)
-    if args.plan_json:
-        entries = [json.dumps(e) for e in plan_json(plan, labels)]
-        args.plan_json.write_text("[\n" + ",\n".join(entries) + "\n]\n")
+    plan = plan_and_show(args, cases, labels)
     if args.plan:
-        print(plan_text(plan, labels))
         return 0
     return run(args, cases, plan, labels)
 

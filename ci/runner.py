@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-from ci.cases import Case
+from ci.cases import PYTHON, Case
 from ci.history import History, ThresholdRegistry, measurement_from_result
 from ci.results import CaseResult, read_harness_result, settle_outcome, tail
 from ci.scheduler import Dispatcher, Plan
@@ -52,12 +52,70 @@ def safe_filename(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)[:180]
 
 
-def pytest_command(case: Case, junit_path: Path, settings: RunSettings) -> list[str]:
-    cmd = [sys.executable, "-m", "pytest", case.nodeid, "-q", "-p", "no:cacheprovider",
-           f"--junitxml={junit_path}"]
+def case_argv(case: Case, settings: RunSettings) -> list[str]:
+    """What runs for a case, less the JUnit flag: its own command, or pytest on its node id.
+    "{python}" stands for the interpreter; whoever starts the command resolves it."""
+    if case.command:
+        return list(case.command)
+    cmd = [PYTHON, "-m", "pytest", str(case.nodeid), "-q", "-p", "no:cacheprovider"]
     if case.gpus and settings.gpu_wait:
         cmd.append(f"--miles-gpu-wait={settings.gpu_wait:g}")
     return cmd + list(settings.pytest_args)
+
+
+def resolve_python(argv: Sequence[str], python: str = sys.executable) -> list[str]:
+    return [python if word == PYTHON else word for word in argv]
+
+
+def wants_junit(case: Case) -> bool:
+    """pytest writes a JUnit file per case; a case's own command need not."""
+    return not case.command
+
+
+def local_command(case: Case, junit_path: Path, settings: RunSettings) -> list[str]:
+    argv = resolve_python(case_argv(case, settings))
+    return argv + [f"--junitxml={junit_path}"] if wants_junit(case) else argv
+
+
+def case_deadline(case: Case, settings: RunSettings) -> float:
+    wait = settings.gpu_wait if case.gpus else 0.0
+    return case.timeout + wait + settings.timeout_grace
+
+
+@dataclass(frozen=True)
+class Ended:
+    """How a case's process ended, wherever it ran."""
+
+    exit_code: int
+    timed_out: bool
+    junit: Path
+
+
+def conclude(result: CaseResult, ended: Ended, case: Case, settings: RunSettings) -> None:
+    """The outcome of a finished case from the harness's result file (in results_dir), its
+    JUnit file and its exit code; then its log tail if it failed, then the gate."""
+    result.harness_result = read_harness_result(settings.results_dir, result.name)
+    settle_outcome(result, ended.exit_code, ended.junit)
+    if ended.timed_out:
+        result.outcome = "timeout"
+        result.message = f"ended after {result.wall_time:.0f}s (case timeout {case.timeout:.0f}s)"
+    if result.failed and result.log_path:
+        result.log_tail = tail(Path(result.log_path))
+    gate(result, settings)
+
+
+def gate(result: CaseResult, settings: RunSettings) -> None:
+    if settings.history is None or result.harness_result is None:
+        return
+    measurement = measurement_from_result({**result.harness_result, "outcome": result.outcome,
+                                           "name": result.name})
+    limits = (settings.thresholds or ThresholdRegistry()).for_test(result.name)
+    result.verdict = settings.history.gate(measurement, limits)
+
+
+def unschedulable_result(case: Case, why: str) -> CaseResult:
+    return CaseResult(case.name, case.nodeid, case.gpus, case.est_time, outcome="skipped",
+                      message=why)
 
 
 class _Launched:
@@ -138,9 +196,8 @@ class SuiteRunner:
     def _skip_unschedulable(self) -> None:
         for job in self.plan.unschedulable:
             case = self.cases[job.name]
-            self.results[case.name] = CaseResult(
-                case.name, case.nodeid, case.gpus, case.est_time, outcome="skipped",
-                message=f"needs {case.gpus} GPUs, the node has {len(self.plan.pool)}")
+            self.results[case.name] = unschedulable_result(
+                case, f"needs {case.gpus} GPUs, the node has {len(self.plan.pool)}")
 
     def _launch(self, case: Case, gpus: tuple[int, ...], offset: float) -> None:
         stem = safe_filename(case.name)
@@ -152,11 +209,11 @@ class SuiteRunner:
         result = CaseResult(case.name, case.nodeid, case.gpus, case.est_time,
                             gpus=tuple(self.settings.gpu_labels[g] for g in gpus),
                             start=offset, log_path=str(log_path))
+        command = local_command(case, junit, self.settings)
         with open(log_path, "w") as log:
-            log.write(f"$ CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']} "
-                      f"{' '.join(pytest_command(case, junit, self.settings))}\n")
+            log.write(f"$ CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']} {' '.join(command)}\n")
             log.flush()
-            proc = subprocess.Popen(pytest_command(case, junit, self.settings),
+            proc = subprocess.Popen(command,
                                     cwd=self.settings.workdir, env=env, stdout=log,
                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     start_new_session=True)
@@ -166,34 +223,16 @@ class SuiteRunner:
 
     def _wait(self, launched: _Launched) -> None:
         try:
-            launched.proc.wait(timeout=self._deadline(launched.case))
+            launched.proc.wait(timeout=case_deadline(launched.case, self.settings))
         except subprocess.TimeoutExpired:
             launched.timed_out = True
             end_group(launched.proc)
         self.done.put(launched)
 
-    def _deadline(self, case: Case) -> float:
-        wait = self.settings.gpu_wait if case.gpus else 0.0
-        return case.timeout + wait + self.settings.timeout_grace
-
     def _finish(self, launched: _Launched) -> None:
         result = launched.result
         result.wall_time = time.monotonic() - launched.started
-        result.harness_result = read_harness_result(self.settings.results_dir, result.name)
-        settle_outcome(result, launched.proc.returncode, launched.junit)
-        if launched.timed_out:
-            result.outcome = "timeout"
-            result.message = f"ended after {result.wall_time:.0f}s (case timeout {launched.case.timeout:.0f}s)"
-        if result.failed:
-            result.log_tail = tail(Path(result.log_path))
-        self._gate(result)
+        ended = Ended(launched.proc.returncode, launched.timed_out, launched.junit)
+        conclude(result, ended, launched.case, self.settings)
         self.results[result.name] = result
         self.on_finish(result)
-
-    def _gate(self, result: CaseResult) -> None:
-        if self.settings.history is None or result.harness_result is None:
-            return
-        measurement = measurement_from_result({**result.harness_result, "outcome": result.outcome,
-                                               "name": result.name})
-        limits = (self.settings.thresholds or ThresholdRegistry()).for_test(result.name)
-        result.verdict = self.settings.history.gate(measurement, limits)

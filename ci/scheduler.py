@@ -183,9 +183,10 @@ def _seed_orders(jobs: list[Job], num_gpus: int) -> list[list[Job]]:
     return [sorted(jobs, key=key) for key in keys]
 
 
-def _neighbour(order: list[Job], rng: random.Random) -> list[Job]:
+def _neighbour(order: list[Job], rng: random.Random, frozen: int = 0) -> list[Job]:
+    """A move or a swap, leaving the first `frozen` jobs where they are."""
     new = list(order)
-    i, k = rng.randrange(len(new)), rng.randrange(len(new))
+    i, k = rng.randrange(frozen, len(new)), rng.randrange(frozen, len(new))
     if rng.random() < 0.5:
         new[i], new[k] = new[k], new[i]
     else:
@@ -194,15 +195,15 @@ def _neighbour(order: list[Job], rng: random.Random) -> list[Job]:
 
 
 def improve(order: list[Job], pool: Sequence[int], cpu_slots: int, *, iterations: int,
-            target: float, seed: int) -> tuple[list[Job], float]:
+            target: float, seed: int, frozen: int = 0) -> tuple[list[Job], float]:
     """Local search over priority lists, moving a job or swapping two; accepts non-worse."""
     rng = random.Random(seed)
     best, best_score = order, _score(order, len(pool), cpu_slots)
     current, current_score = best, best_score
     for _ in range(iterations):
-        if best_score[0] <= target or len(order) < 2:
+        if best_score[0] <= target or len(order) - frozen < 2:
             break
-        candidate = _neighbour(current, rng)
+        candidate = _neighbour(current, rng, frozen)
         score = _score(candidate, len(pool), cpu_slots)
         if score <= current_score:
             current, current_score = candidate, score
@@ -212,16 +213,23 @@ def improve(order: list[Job], pool: Sequence[int], cpu_slots: int, *, iterations
 
 
 def make_plan(jobs: Sequence[Job], pool: Sequence[int], cpu_slots: int = 1, *,
-              iterations: int = 1500, seed: int = 0) -> Plan:
-    """Best priority list found by seeding with classic orders, then improving locally."""
+              iterations: int = 1500, seed: int = 0, first: Sequence[str] = ()) -> Plan:
+    """Best priority list found by seeding with classic orders, then improving locally.
+
+    Jobs named in `first` lead every order, in that order (on a cluster: the cases that need
+    whole nodes or several nodes; planned late, they would wait for their nodes to drain)."""
     pool = tuple(pool)
     fits = [j for j in jobs if j.gpus <= len(pool)]
     unschedulable = [j for j in jobs if j.gpus > len(pool)]
+    by_name = {j.name: j for j in fits}
+    lead = [by_name[name] for name in first if name in by_name]
+    rest = [j for j in fits if j not in lead]
     # no plan beats the tighter bound, so reaching it ends the search early
     bound = max(lower_bound(fits, len(pool), cpu_slots), wide_job_bound(fits, len(pool)))
-    seeds = sorted(_seed_orders(fits, len(pool)), key=lambda o: _makespan(o, pool, cpu_slots))
+    seeds = sorted((lead + o for o in _seed_orders(rest, len(pool))),
+                   key=lambda o: _makespan(o, pool, cpu_slots))
     order, _ = improve(seeds[0], pool, cpu_slots, iterations=iterations,
-                       target=bound * 1.0001, seed=seed)
+                       target=bound * 1.0001, seed=seed, frozen=len(lead))
     return Plan(order, simulate(order, pool, cpu_slots), pool, cpu_slots, unschedulable)
 
 
@@ -276,3 +284,4 @@ def wide_job_bound(jobs: Iterable[Job], num_gpus: int) -> float:
     leftover = sum(j.gpus * j.est_time for j in narrow) - min(beside_capacity, fitting_area)
     bound = sum(j.est_time for j in wide) + max(0.0, leftover) / num_gpus
     return max(bound, lower_bound(jobs, num_gpus))
+

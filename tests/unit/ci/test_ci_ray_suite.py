@@ -1,0 +1,228 @@
+"""The suite runner on a Ray cluster: a loopback cluster whose worker nodes declare logical GPUs.
+
+One cluster serves the module: a head without GPUs (the runner's driver and its log sink attach
+there, so no case can take them down) and worker nodes with 4 logical GPUs each. The cases are
+`fixtures/synthetic_case.py`: each records the devices Ray gave it and sleeps for its estimate.
+Every process the cluster starts carries the cluster's token; that is how it is ended.
+"""
+
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from miles.testing.cluster import LocalRayCluster
+from miles.testing.dry import scrubbed_env
+from miles.testing.runner import TOKEN_ENV
+from miles.utils.external_utils import ray_cluster
+
+from junit_check import junit_problems
+
+REPO = Path(__file__).resolve().parents[3]
+SCRIPT = Path(__file__).parent / "fixtures" / "synthetic_case.py"
+GPUS_PER_NODE = 4
+# a dead node is noticed in about two seconds instead of fifteen
+FAST_HEALTH_CHECKS = {"RAY_health_check_period_ms": "500", "RAY_health_check_failure_threshold": "3",
+                      "RAY_health_check_initial_delay_ms": "500"}
+
+
+class GpuNodes:
+    """A loopback cluster: the project's LocalRayCluster as a head without GPUs (the runner's
+    driver and log sink attach to the head, so no case can take them down), and worker nodes
+    with logical GPUs started with the launcher's own `ray start` line and the cluster's token,
+    so that stopping the head's cluster (by token) ends them too."""
+
+    def __init__(self):
+        self.head = LocalRayCluster(nodes=1, cpus_per_node=2, gpus_per_node=0)
+
+    def start(self) -> "GpuNodes":
+        saved = {k: os.environ.get(k) for k in FAST_HEALTH_CHECKS}
+        os.environ.update(FAST_HEALTH_CHECKS)  # the head's GCS reads them at its start
+        try:
+            self.head.start()
+        finally:
+            for key, value in saved.items():
+                os.environ.pop(key) if value is None else os.environ.update({key: value})
+        return self
+
+    @property
+    def gcs_address(self) -> str:
+        return self.head.gcs_address
+
+    def gpu_nodes(self) -> list[dict]:
+        url = f"{self.head.address}/api/v0/nodes?limit=100"
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            nodes = json.loads(resp.read())["data"]["result"]["result"]
+        return [n for n in nodes if n["state"] == "ALIVE" and (n.get("resources_total") or {}).get("GPU")]
+
+    def add_gpu_node(self) -> None:
+        spec = ray_cluster.RayNodeSpec("127.0.0.1", ray_cluster.RayPorts.allocate("127.0.0.1"),
+                                       str(self.head.temp_dir), num_gpus=GPUS_PER_NODE,
+                                       num_cpus=GPUS_PER_NODE, head_address=self.gcs_address)
+        env = ray_cluster.ray_start_env({**scrubbed_env(), TOKEN_ENV: self.head.token,
+                                         **FAST_HEALTH_CHECKS}, None)
+        env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+        proc = subprocess.run(["bash", "-c", ray_cluster.ray_start_command(spec)], env=env,
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+    def ensure_gpu_nodes(self, count: int) -> None:
+        while len(self.gpu_nodes()) < count:
+            before = len(self.gpu_nodes())
+            self.add_gpu_node()
+            deadline = time.monotonic() + 60
+            while len(self.gpu_nodes()) <= before:
+                assert time.monotonic() < deadline, "the added node never joined"
+                time.sleep(0.5)
+
+    def stop(self):
+        return self.head.stop()
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    nodes = GpuNodes().start()
+    try:
+        yield nodes
+    finally:
+        ended, survivors = nodes.stop()
+        assert not survivors, f"cluster processes outlived stop(): {survivors}"
+
+
+def synthetic(name, gpus, hold, nodes=1, **flags):
+    command = ["{python}", "-S", str(SCRIPT), "--hold", f"{hold:.2f}"]
+    command += [f"--{flag.replace('_', '-')}" for flag, on in flags.items() if on]
+    entry = {"name": name, "gpus": gpus, "est_time": hold, "timeout": 120, "command": command}
+    return {**entry, "nodes": nodes} if nodes > 1 else entry
+
+
+def forty_cases(seed=0):
+    """Two 2-node cases (one the whole cluster), widths 4, 2, 1 on one node; 2-4 s each: long
+    enough that the few tenths of a second Ray and a process start take between two cases stay
+    within the 10 % allowed on a busy 2-core machine."""
+    rng = random.Random(seed)
+    shapes = [(8, 2), (4, 2)] + [(4, 1)] * 4 + [(2, 1)] * 12 + [(1, 1)] * 22
+    return [synthetic(f"c{i:02d}_{gpus}x{nodes}", gpus, rng.uniform(2.0, 4.0), nodes)
+            for i, (gpus, nodes) in enumerate(shapes)]
+
+
+def run_suite(cluster, tmp_path, entries, *extra, env_address=False):
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    suite = tmp_path / "suite.json"
+    suite.write_text(json.dumps(entries))
+    out = tmp_path / "out"
+    env = {k: v for k, v in os.environ.items() if k not in ("GITHUB_STEP_SUMMARY", "RAY_ADDRESS")}
+    env["RAY_AUTH_MODE"] = "disabled"
+    address = []
+    if env_address:
+        env["MILES_CI_RAY_ADDRESS"] = cluster.gcs_address
+    else:
+        address = ["--ray-address", cluster.gcs_address]
+    cmd = [sys.executable, str(REPO / "ci" / "run_suite.py"), "--suite-json", str(suite), *address,
+           "--gpu-wait", "0", "--search-iterations", "300", "--out", str(out), *extra]
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
+    return proc, out
+
+
+def records(out, entries):
+    return {e["name"]: json.loads((out / "results" / f"{e['name']}.json").read_text())
+            for e in entries if (out / "results" / f"{e['name']}.json").exists()}
+
+
+def device_problems(entries, recorded):
+    """Each case ran once on exactly its count of distinct devices, on the nodes it asked for,
+    and no device of a node was held by two cases at once."""
+    problems = []
+    held = []  # (node, device, start, end, case)
+    for e in entries:
+        rec = recorded.get(e["name"])
+        if rec is None:
+            problems.append(f"{e['name']}: never ran")
+            continue
+        nodes = rec["nodes"]
+        devices = [(n["node_id"], g) for n in nodes for g in n["gpus"]]
+        if len(set(devices)) != e["gpus"] or len(devices) != e["gpus"]:
+            problems.append(f"{e['name']}: got {devices}, needs {e['gpus']}")
+        if len({n["node_id"] for n in nodes}) != e.get("nodes", 1):
+            problems.append(f"{e['name']}: spans {len(nodes)} nodes, asked for {e.get('nodes', 1)}")
+        if rec["cuda_visible_devices"] != ",".join(nodes[0]["gpus"]):
+            problems.append(f"{e['name']}: CUDA_VISIBLE_DEVICES {rec['cuda_visible_devices']} "
+                            f"is not what Ray assigned ({nodes[0]['gpus']})")
+        held += [(node, gpu, rec["started"], rec["ended"], e["name"]) for node, gpu in devices]
+    for i, a in enumerate(held):
+        for b in held[i + 1:]:
+            if a[:2] == b[:2] and a[2] < b[3] and b[2] < a[3]:
+                problems.append(f"{a[4]} and {b[4]} both held GPU {a[1]} of node {a[0][:6]}")
+    return problems
+
+
+def test_a_forty_case_suite_packs_onto_two_nodes_of_logical_gpus(cluster, tmp_path):
+    cluster.ensure_gpu_nodes(2)
+    assert len(cluster.gpu_nodes()) == 2, "this test plans for exactly 2 x 4 GPUs"
+    entries = forty_cases()
+    proc, out = run_suite(cluster, tmp_path, entries, env_address=True)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert device_problems(entries, records(out, entries)) == []
+    assert junit_problems(out / "junit.xml") == []
+    summary = (out / "summary.md").read_text()
+    assert "passed" in summary.splitlines()[0] and "2 nodes, 8 GPUs" in summary
+    ratio = float(re.search(r"achieved makespan [^(]*\([\d.]+s, ratio ([\d.]+)\)", summary).group(1))
+    print(f"achieved makespan ratio {ratio:.3f}\n{summary.splitlines()[4]}")
+    assert ratio <= 1.10, summary
+    logs = list((out / "logs").glob("*.log"))
+    assert len(logs) == len(entries) and all("done" in p.read_text() for p in logs)
+
+
+def test_a_dead_node_fails_only_its_cases_and_retry_reruns_them_elsewhere(cluster, tmp_path):
+    # without retry: the killer's node takes its neighbours with it, the other nodes' pass
+    cluster.ensure_gpu_nodes(3)
+    entries = [synthetic("killer", 1, 3.0, kill_node=True)]
+    entries += [synthetic(f"neighbour{i}", 1, 3.0) for i in range(3 * GPUS_PER_NODE - 1)]
+    proc, out = run_suite(cluster, tmp_path / "once", entries)
+    assert proc.returncode == 3, proc.stdout[-4000:] + proc.stderr[-4000:]
+    cases = junit_cases(out)
+    lost = {name for name, case in cases.items() if "node lost" in error_message(case)}
+    assert "killer" in lost and len(lost) == GPUS_PER_NODE, sorted(lost)
+    dead = node_of(cases["killer"])
+    assert all(node_of(cases[name]) == dead for name in lost)
+    assert all(cases[name].find("error") is None for name in set(cases) - lost)
+    assert "ending raylet" in cases["killer"].find("error").text  # the log tail came with it
+    summary = (out / "summary.md").read_text()
+    assert f"{GPUS_PER_NODE} lost with their node" in summary.splitlines()[0]
+
+    # with --retry-lost 1 on the two nodes left: the lost cases pass on the other node
+    entries = entries[:2 * GPUS_PER_NODE]
+    proc, out = run_suite(cluster, tmp_path / "retry", entries, "--retry-lost", "1")
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    recorded = records(out, entries)
+    rerun = {name for name, rec in recorded.items() if rec["attempt"] == 2}
+    assert "killer" in rerun and len(rerun) == GPUS_PER_NODE, sorted(rerun)
+    survivor = {rec["node_id"] for name, rec in recorded.items() if name not in rerun}
+    assert {recorded[name]["node_id"] for name in rerun} == survivor
+    summary = (out / "summary.md").read_text()
+    assert f"{GPUS_PER_NODE} cases lost with them, {GPUS_PER_NODE} rerun elsewhere" in summary
+    assert summary.count("(rerun: node lost)") == GPUS_PER_NODE
+    assert junit_problems(out / "junit.xml") == []
+
+
+def junit_cases(out):
+    import xml.etree.ElementTree as ET
+
+    root = ET.parse(out / "junit.xml").getroot()
+    return {c.get("name"): c for c in root.iter("testcase")}
+
+
+def error_message(case):
+    node = case.find("error")
+    return node.get("message") if node is not None else ""
+
+
+def node_of(case):
+    return next(p.get("value") for p in case.iter("property") if p.get("name") == "node")
