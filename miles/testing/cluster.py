@@ -103,11 +103,14 @@ class LocalRayCluster:
             head_address=head_address, object_store_bytes=self.object_store_bytes,
         )
 
-    def start(self, attempts: int = 2) -> "LocalRayCluster":
+    def start(self, attempts: int = 3) -> "LocalRayCluster":
         """Start the nodes; a failed start is retried on fresh ports.
 
-        Free ports are picked, released, then bound by Ray, so a concurrent test can take one in
-        between: a second attempt with new ports gets past that race.
+        Two things make a start fail on a busy machine, and both pass on a second try: free
+        ports are picked, released, then bound by Ray, so a concurrent test can take one in
+        between; and a raylet aborts when its dashboard agent (a Python process) has not written
+        its port within a limit Ray hard-codes (about 15 s), which an overloaded 2-core machine
+        can miss. Ray's configurable start-up limits are raised (`SLOW_MACHINE_TIMEOUTS`).
         """
         for attempt in range(attempts):
             try:
