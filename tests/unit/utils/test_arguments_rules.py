@@ -175,8 +175,8 @@ def test_step_strategy_that_is_no_path_is_refused():
 
 def test_wan22_flat_micro_batch_across_the_expert_boundary_is_refused_with_the_exact_message():
     message = refused(r"^Micro-batch mixes denoising phases \(Wan2\.2\).*fix: --micro-batch-size 1 or a "
-                      r"phase-pure tiling", "--micro-batch-size", "2", base=WAN)
-    assert "steps [6, 7]" in message
+                      r"phase-pure tiling", "--diffusion-num-steps", "8", "--micro-batch-size", "2", base=WAN)
+    assert "steps [4, 5]" in message  # the pipeline's 8-step schedule at shift 12: 0..4 high-noise
 
 
 def test_wan22_flat_micro_batch_of_one_is_accepted():
@@ -189,11 +189,11 @@ def test_wan22_flat_pairs_that_stay_on_one_side_are_accepted():
 
 
 def test_wan22_every_window_start_is_checked():
-    # starts 0..5 stay before step 7; start 6 puts steps 6 and 7 in one forward
-    assert plan("--diffusion-num-sde-steps", "2", "--diffusion-sde-window-max-start", "5",
+    # starts 0..4 stay before step 6; start 5 puts steps 5 and 6 in one forward
+    assert plan("--diffusion-num-sde-steps", "2", "--diffusion-sde-window-max-start", "4",
                 "--micro-batch-size", "2", base=WAN)
-    refused(r"Micro-batch mixes denoising phases \(Wan2\.2\).*steps \[6, 7\]", "--diffusion-num-sde-steps", "2",
-            "--diffusion-sde-window-max-start", "6", "--micro-batch-size", "2", base=WAN)
+    refused(r"Micro-batch mixes denoising phases \(Wan2\.2\).*steps \[5, 6\]", "--diffusion-num-sde-steps", "2",
+            "--diffusion-sde-window-max-start", "5", "--micro-batch-size", "2", base=WAN)
 
 
 def test_wan22_one_timestep_tiles_are_phase_pure():
@@ -208,9 +208,9 @@ def test_wan22_random_step_choice_is_checked_conservatively():
 
 @pytest.mark.parametrize("strategy", ["epoch_global_random_choice", "my_pkg.pick"])
 def test_wan22_choice_of_every_step_is_checked_as_the_one_choice_it_is(strategy):
-    # 8 steps at shift 12: steps 0..5 high-noise, 6..7 low. Choosing all 8 (sorted by the rollout)
-    # leaves one choice, and flat pairs (0,1) (2,3) (4,5) (6,7) never straddle step 6.
-    assert plan("--diffusion-num-steps", "8", "--micro-batch-size", "2", "--diffusion-step-strategy-path",
+    # 10 steps at shift 12 (the pipeline's schedule): steps 0..5 high-noise, 6..9 low. Choosing all
+    # 10 (sorted by the rollout) leaves one choice, and flat pairs (0,1) .. (8,9) never straddle step 6.
+    assert plan("--diffusion-num-steps", "10", "--micro-batch-size", "2", "--diffusion-step-strategy-path",
                 strategy, base=WAN)
 
 
@@ -228,12 +228,12 @@ def test_wan22_shift_moves_the_boundary():
 def test_wan22_plan_names_the_expert_of_every_trainable_step():
     p = plan("--diffusion-num-sde-steps", "2", "--diffusion-sde-window-max-start", "6", base=WAN)
     assert p.trainable_steps == tuple(range(8))
-    assert [p.expert_for_step(s) for s in (6, 7)] == ["transformer", "transformer_2"]
-    assert "step 7 (sigma" in p.table() and "trains transformer_2" in p.table()
+    assert [p.expert_for_step(s) for s in (5, 6)] == ["transformer", "transformer_2"]
+    assert "step 6 (sigma" in p.table() and "trains transformer_2" in p.table()
 
 
 def test_wan22_needs_guidance_scale_2_when_the_low_noise_expert_runs():
-    refused(r"--diffusion-guidance-scale-2 is required: the run samples steps 7..9 on the low-noise "
+    refused(r"--diffusion-guidance-scale-2 is required: the run samples steps 6..9 on the low-noise "
             r"expert transformer_2; fix", "--diffusion-num-sde-steps", "2", base=WAN[:-2])
 
 

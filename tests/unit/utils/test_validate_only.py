@@ -55,7 +55,7 @@ def test_worked_example_prints_the_documented_counts_and_exits_0():
 ERROR_CASES = {
     "pair shard rule": (WORKED + ["--num-steps-per-rollout", "3"],
                         "num_pairs_shard=256 not divisible by num_steps_per_rollout=3; fix:"),
-    "Wan2.2 expert boundary": (WAN + ["--micro-batch-size", "2"],
+    "Wan2.2 expert boundary": (WAN + ["--diffusion-num-steps", "8", "--micro-batch-size", "2"],
                                "Micro-batch mixes denoising phases (Wan2.2)"),
     "contradicting batch knobs": (BASE + ["--global-batch-size", "64", "--num-steps-per-rollout", "2"],
                                   "--global-batch-size 64 x --num-steps-per-rollout 2 = 128 contradicts"),
