@@ -126,17 +126,31 @@ class _Launched:
 
 
 def end_group(proc: subprocess.Popen) -> None:
-    """Ends the case's whole process group: the harness may have started Ray and more."""
+    """Ends the case's whole process group: the harness may have started Ray and more. Returns
+    once the group is empty (not just its leader: on a loaded machine a signalled child can take
+    a while to die), escalating to SIGKILL after the grace period."""
     for sig, wait in ((signal.SIGTERM, KILL_GRACE), (signal.SIGKILL, 5.0)):
         try:
             os.killpg(proc.pid, sig)
         except ProcessLookupError:
             return
-        try:
-            proc.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            proc.poll()  # reap the leader, so only live members keep the group
+            if not _group_alive(proc.pid):
+                return
+            time.sleep(0.05)
+
+
+def _group_alive(pgid: int) -> bool:
+    # while any member lives the kernel keeps the group id, so it cannot name a stranger's group
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 class SuiteRunner:
