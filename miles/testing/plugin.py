@@ -40,6 +40,8 @@ MARKERS = {
     "e2e": "runs a recipe end to end (a dry check or a real run)",
     "dry": "dry check of a recipe: argv snapshot and static validation, no cluster, seconds",
     "nightly": "GPU tier, run by the nightly GPU suite",
+    "faults": "fault-injection suite (docs/faults.md): deselected unless `-m faults` (or an -m naming it) "
+              "or --miles-faults is given",
 }
 
 
@@ -59,6 +61,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="shared directory of per-GPU lock files (default %(default)s)")
     group.addoption("--miles-gpu-wait", metavar="SECONDS", type=float, default=0.0,
                     help="wait this long for GPUs that other tests hold before skipping (default 0)")
+    group.addoption("--miles-faults", action="store_true", default=False,
+                    help="also run the fault-injection suite (tests marked `faults`; several minutes on 2 CPUs); "
+                         "`-m faults` runs it alone")
     group.addoption("--miles-gpu-max-used-mib", metavar="MIB", type=float, default=DEFAULT_MAX_USED_MIB,
                     help="a GPU with more memory in use than this is not free (default %(default)s)")
 
@@ -72,6 +77,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    _deselect_faults_unless_asked(config, items)
     wait = config.getoption("--miles-gpu-wait") or 0.0
     if not wait:
         return
@@ -79,6 +85,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         case = case_of(item)
         if case is not None and case.gpus:
             item.add_marker(pytest.mark.timeout(case.pytest_timeout() + wait))
+
+
+def _deselect_faults_unless_asked(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The fault suite takes minutes: a plain `pytest` leaves it out (reported as deselected);
+    `-m` naming `faults`, or --miles-faults, keeps it. Other markers' selection is untouched."""
+    if config.getoption("--miles-faults", False) or "faults" in (config.getoption("markexpr", "") or ""):
+        return
+    keep, drop = [], []
+    for item in items:
+        (drop if item.get_closest_marker("faults") is not None else keep).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
 
 
 def _is_xdist_controller(config: pytest.Config) -> bool:
@@ -213,15 +232,24 @@ def dry_run(tmp_path: Path, miles_repo_root: Path, request: pytest.FixtureReques
     output). Fails the test with the recipe's output when the recipe fails."""
     counter = iter(range(10_000))
 
-    def run(case: RecipeCase | None = None, **kw):
+    def run(case: RecipeCase | None = None, *, expect_failure: bool = False, **kw):
+        """With expect_failure=True the recipe must fail: its DryCheckFailure is returned (with
+        `.dry`, the run, when it left a plan), and a recipe that succeeds fails the test."""
         case = case or request.getfixturevalue("recipe_case")
         try:
             pending = _miles_dry_prefetch.take(case) if (_miles_dry_prefetch and not kw) else None
             if pending is not None:
-                return pending.result()
-            return run_dry(case, tmp_path / f"dry{next(counter)}", rootdir=miles_repo_root, **kw)
+                done = pending.result()
+            else:
+                done = run_dry(case, tmp_path / f"dry{next(counter)}", rootdir=miles_repo_root, **kw)
         except DryCheckFailure as e:
+            if expect_failure:
+                return e
             failure = str(e)
+        else:
+            if not expect_failure:
+                return done
+            failure = f"dry run of {case.script} was expected to fail but succeeded"
         pytest.fail(failure, pytrace=False)
 
     return run
