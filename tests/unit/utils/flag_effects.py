@@ -25,6 +25,7 @@ SAMPLER = "tests/unit/rollout/test_sampler.py"
 DATA = "tests/unit/rollout/test_data.py"
 SCORE = "tests/unit/rollout/rm_hub/test_score_samples.py"
 POOL = "tests/unit/rollout/rm_hub/test_reward_pool.py"
+MEM = "tests/unit/utils/test_memory_plan.py"
 
 FLAG_TESTS = {
     # cluster
@@ -37,6 +38,7 @@ FLAG_TESTS = {
     "--colocate": f"{P}::test_colocate_shares_the_train_bundles_on_gpu_and_separates_them_without_it",
     "--sequence-parallel-size": f"{R}::test_sequence_parallel_size_other_than_1_is_refused",
     "--device": f"{POOL}::test_workers_of_a_cpu_job_ask_for_no_gpu_whatever_the_gpu_share",
+    "--gpu-memory-gb": f"{MEM}::test_gpu_memory_gb_decides_the_verdict",
     # batch
     "--rollout-batch-size": f"{R}::test_worked_example_of_the_design_gives_its_counts",
     "--n-samples-per-prompt": f"{R}::test_worked_example_of_the_design_gives_its_counts",
@@ -47,7 +49,7 @@ FLAG_TESTS = {
     "--micro-batch-size-tstep": f"{R}::test_2d_tile_overrides_the_flat_micro_batch_size",
     "--diffusion-train-iter-order": f"{B}::test_2d_tiles_visit_timesteps_first_in_timestep_major_order",
     "--train-dp-split-mode": f"{DP}::test_two_ranks_match_one_rank_and_each_trains_its_own_shard",
-    "--num-rollout": f"{LOOP}::test_parity_probe_is_exactly_zero_when_weights_are_synced",
+    "--num-rollout": f"{LOOP}::test_two_rank_full_runs_keep_parity_exact_repeat_bit_for_bit_and_eval_on_their_interval",
     "--num-epoch": f"{R}::test_run_length_is_required",
     # sampling
     "--diffusion-num-steps": f"{W}::test_sampling_flags_reach_the_engine",
@@ -121,22 +123,26 @@ FLAG_TESTS = {
     "--input-key": f"{DATA}::test_reads_prompts_and_metadata_with_custom_keys",
     "--metadata-key": f"{DATA}::test_reads_prompts_and_metadata_with_custom_keys",
     # eval
-    "--eval-interval": f"{LOOP}::test_skipped_optimizer_steps_keep_parity_and_eval_runs_on_its_interval",
-    "--eval-prompt-data": f"{LOOP}::test_skipped_optimizer_steps_keep_parity_and_eval_runs_on_its_interval",
-    "--eval-num-prompts": f"{LOOP}::test_skipped_optimizer_steps_keep_parity_and_eval_runs_on_its_interval",
+    "--eval-interval": f"{LOOP}::test_two_rank_full_runs_keep_parity_exact_repeat_bit_for_bit_and_eval_on_their_interval",
+    "--eval-prompt-data": f"{LOOP}::test_two_rank_full_runs_keep_parity_exact_repeat_bit_for_bit_and_eval_on_their_interval",
+    "--eval-num-prompts": f"{LOOP}::test_two_rank_full_runs_keep_parity_exact_repeat_bit_for_bit_and_eval_on_their_interval",
     # checkpoint
     "--save": f"{RESUME}::test_killed_run_resumes_at_the_next_rollout_and_ends_like_an_uninterrupted_one",
     "--save-interval": f"{RESUME}::test_killed_run_resumes_at_the_next_rollout_and_ends_like_an_uninterrupted_one",
     "--load": f"{RESUME}::test_killed_run_resumes_at_the_next_rollout_and_ends_like_an_uninterrupted_one",
     "--start-rollout-id": f"{M}::test_a_resumed_logger_drops_rows_from_the_start_id_on",
     # debug
-    "--diffusion-debug-mode": f"{LOOP}::test_parity_probe_is_exactly_zero_when_weights_are_synced",
-    "--debug-skip-optimizer-step": f"{LOOP}::test_skipped_optimizer_steps_keep_parity_and_eval_runs_on_its_interval",
+    "--diffusion-debug-mode": f"{LOOP}::test_two_rank_full_runs_keep_parity_exact_repeat_bit_for_bit_and_eval_on_their_interval",
+    "--debug-skip-optimizer-step": f"{LOOP}::test_skipped_optimizer_steps_keep_parity",
     "--debug-rollout-only": f"{LOOP}::test_rollout_only_generates_and_scores_without_training",
     "--train-only": f"{R}::test_train_only_runs_no_rollout_engines",
-    "--debug-skip-weight-update-at": f"{LOOP}::test_a_skipped_weight_update_makes_the_parity_probe_fail",
+    "--debug-skip-weight-update-at": f"{LOOP}::test_lora_parity_is_exact_when_synced_and_a_skipped_weight_push_breaks_it",
+    "--debug-fault": "tests/e2e/test_faults.py::test_nan_loss_stops_the_run_before_the_update_is_saved_and_is_not_restarted",
+    "--remote-timeout-s": "tests/unit/ray/test_faults.py::test_remote_deadlines_start_at_the_first_timeout_then_scale_with_the_slowest_call",
+    "--remote-timeout-factor": "tests/unit/ray/test_faults.py::test_remote_deadlines_start_at_the_first_timeout_then_scale_with_the_slowest_call",
+    "--remote-timeout-min-s": "tests/e2e/test_faults.py::test_hung_reward_worker_ends_at_its_deadline_and_the_printed_command_resumes_exactly",
     # determinism
-    "--deterministic-mode": f"{LOOP}::test_two_deterministic_runs_write_identical_metrics",
+    "--deterministic-mode": f"{LOOP}::test_two_rank_full_runs_keep_parity_exact_repeat_bit_for_bit_and_eval_on_their_interval",
     # logging
     "--run-dir": f"{R}::test_run_dir_defaults_to_a_timestamped_dir_under_runs",
     "--use-wandb": f"{M}::test_wandb_offline_mirrors_the_metrics",
