@@ -36,6 +36,13 @@ from typing import Literal, NamedTuple, Optional
 import miles.utils.external_utils.command_utils as U
 
 FAMILY = "sd3"
+# the H100 80GB GPUs this recipe is laid out for; the memory plan checks its estimate against them
+GPU_MEMORY_GB = 80
+
+
+def gpu_memory_args(device: str) -> str:
+    """--gpu-memory-gb for a GPU run (refused with --device cpu, which has no GPU budget)."""
+    return f"--gpu-memory-gb {GPU_MEMORY_GB} " if device == "cuda" else ""
 
 
 @dataclass(frozen=True)
@@ -196,7 +203,8 @@ def execute(args: ScriptArgs, assets: Assets) -> None:
         perf_args += "--gradient-checkpointing "
 
     misc_args = (
-        f"--device {scale.device} --actor-num-nodes 1 --actor-num-gpus-per-node {scale.train_ranks} "
+        f"--device {scale.device} " + gpu_memory_args(scale.device)
+        + f"--actor-num-nodes 1 --actor-num-gpus-per-node {scale.train_ranks} "
         f"--num-gpus-per-node {scale.train_ranks} --colocate "
         "--diffusion-debug-mode "  # log train/rollout parity (exactly 0.0 when healthy)
     )

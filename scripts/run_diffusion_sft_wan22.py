@@ -38,7 +38,14 @@ from typing import Literal, NamedTuple, Optional
 import miles.utils.external_utils.command_utils as U
 
 FAMILY = "wan2_2"
+# the H200 141GB GPUs this recipe is laid out for; the memory plan checks its estimate against them
+GPU_MEMORY_GB = 141
 RELEASED_CHECKPOINT = "Wan2.2-T2V-A14B-Diffusers"  # under --model-dir (--scale full)
+
+
+def gpu_memory_args(device: str) -> str:
+    """--gpu-memory-gb for a GPU run (refused with --device cpu, which has no GPU budget)."""
+    return f"--gpu-memory-gb {GPU_MEMORY_GB} " if device == "cuda" else ""
 
 
 @dataclass(frozen=True)
@@ -185,7 +192,8 @@ def execute(args: ScriptArgs, assets: Assets) -> None:
         perf_args += "--gradient-checkpointing "
 
     misc_args = (
-        f"--device {scale.device} --actor-num-nodes 1 --actor-num-gpus-per-node {scale.train_ranks} "
+        f"--device {scale.device} " + gpu_memory_args(scale.device)
+        + f"--actor-num-nodes 1 --actor-num-gpus-per-node {scale.train_ranks} "
         f"--num-gpus-per-node {scale.train_ranks} "
     )
     if scale.deterministic:

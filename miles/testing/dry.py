@@ -30,7 +30,12 @@ _SCRUB_NAMES = ("CUDA_VISIBLE_DEVICES", "MASTER_ADDR", "RAY_ADDRESS", "PYTHONBRE
 
 
 class DryCheckFailure(AssertionError):
-    """A dry check failed; the message is written for the recipe's author."""
+    """A dry check failed; the message is written for the recipe's author. `dry` is the run when
+    it got far enough to leave a plan (a launch refused by the memory plan writes its plan first)."""
+
+    def __init__(self, message: str, dry: "DryRun | None" = None):
+        super().__init__(message)
+        self.dry = dry
 
 
 def scrubbed_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -166,9 +171,13 @@ def _finish_dry(p: PendingDryRun) -> DryRun | DryCheckFailure:
             f"dry run of {p.case.script} did not finish within {p.timeout:.0f}s"))
     dry = DryRun(p.case, p.command, p.out_dir, p.proc.returncode, output, time.monotonic() - p.started,
                  repo_root=p.repo)
-    if dry.returncode != 0:
-        return DryCheckFailure(dry.describe_failure(f"dry run of {p.case.script} failed"))
     plans = sorted(p.out_dir.glob("*/plan.json"))
+    if dry.returncode != 0:
+        if len(plans) == 1:
+            dry.plan_path = plans[0]
+            dry.plan = json.loads(plans[0].read_text())
+        return DryCheckFailure(dry.describe_failure(f"dry run of {p.case.script} failed"),
+                               dry if dry.plan else None)
     if len(plans) != 1:
         return DryCheckFailure(dry.describe_failure(
             f"dry run of {p.case.script} should leave exactly one <output_dir>/<run_id>/plan.json, "
@@ -286,11 +295,25 @@ def check_static(dry: DryRun, validate: Callable[[Sequence[str]], Any] | None = 
         if gbs is not None and dp and gbs % dp:
             problems.append(f"global_batch_size {gbs} not divisible by dp_size {dp}")
 
+    problems += _check_memory_plan(ns, bp)
     problems += _check_gpu_layout(dry.plan, ns)
     problems += _check_locked(dry.plan, argv)
     if problems:
         raise DryCheckFailure(f"{recipe}: static invariants violated:\n  - " + "\n  - ".join(problems))
     return bp
+
+
+def _check_memory_plan(ns: Any, bp: Any) -> list[str]:
+    """The per-GPU memory estimate of each role fits the GPU the argv declares (--gpu-memory-gb)."""
+    if ns is None:
+        return []
+    from miles.utils.memory_plan import MemoryPlanError, build_memory_plan
+
+    try:
+        build_memory_plan(ns, bp).check()
+    except MemoryPlanError as err:
+        return [str(err)]
+    return []
 
 
 def _groups(argv):

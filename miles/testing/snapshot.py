@@ -114,7 +114,8 @@ def _is_subsequence_at(tokens: list[str], sub: list[str]) -> int:
 
 _SCALARS = ("recipe", "train_script", "num_nodes", "num_gpus_per_node", "cuda_visible_devices",
             "external_ray", "dry_run")
-_SKIP = {"version", "run_id", "run_dir", "argv", "locked_flags", "runtime_env", "commands", "ray"}
+_SKIP = {"version", "run_id", "run_dir", "argv", "locked_flags", "runtime_env", "commands", "ray", "memory_plan",
+         "memory_plan_error"}
 
 
 def render_plan(plan: Mapping, norm: Normalizer | None = None) -> str:
@@ -154,6 +155,11 @@ def render_plan(plan: Mapping, norm: Normalizer | None = None) -> str:
                 continue  # ports are picked at start; the ray start command shows which are set
             text = json.dumps(v, sort_keys=True)
             out.append(f"{k}: {norm.text(text)}")
+
+    memory = plan.get("memory_plan") or []
+    if memory:
+        out += ["", "[memory_plan]"]
+        out += [norm.text(str(line)) for line in memory]
 
     commands = plan.get("commands") or []
     if commands:

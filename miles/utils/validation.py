@@ -80,7 +80,7 @@ def has_rollout_engines(ns: Namespace) -> bool:
 def check_cross_flag_rules(ns: Namespace, family: FamilyFacts) -> None:
     for rule in (_run_length, _checkpointing, _lora_flags, _run_modes, _kl_reference, _reward_source,
                  _dotted_paths, _prompt_data, _learning_rates, _microgroups, _target_modules, _dtypes,
-                 _unimplemented_values):
+                 _unimplemented_values, _gpu_memory):
         rule(ns, family)
 
 
@@ -93,6 +93,12 @@ def _unimplemented_values(ns: Namespace, family: FamilyFacts) -> None:
         raise ConfigError(f"--rollout-num-gpus-per-engine {ns.rollout_num_gpus_per_engine}: an engine runs on one "
                           f"device (no multi-GPU engine is implemented); use 1 and raise --rollout-num-gpus for "
                           f"more engines")
+
+
+def _gpu_memory(ns: Namespace, family: FamilyFacts) -> None:
+    if getattr(ns, "gpu_memory_gb", None) is not None and ns.device == "cpu":
+        raise ConfigError(f"--gpu-memory-gb {ns.gpu_memory_gb:g} with --device cpu: a CPU run has no GPU memory "
+                          f"budget to check; fix: drop --gpu-memory-gb")
 
 
 def _dtypes(ns: Namespace, family: FamilyFacts) -> None:

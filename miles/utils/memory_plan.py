@@ -1,0 +1,431 @@
+"""The memory plan: per-GPU peak memory of each role, estimated before anything starts. Torch-free.
+
+Shown beside the batch plan (`train_diffusion.py --validate-only`, the trainer's start, the
+launcher's dry run and plan.json) and enforced by the launcher and the dry check: a recipe whose
+estimate exceeds its GPU's budget (`--gpu-memory-gb` minus HEADROOM_FRACTION of it) is refused
+with the role, the estimate, the budget and the knobs that would help.
+
+Facts come from the checkpoint, never from its weights: on disk, each component folder's
+safetensors headers (tensor shapes; a header is a few KiB at the start of the file) and
+`config.json`; not on disk, the committed table of computed parameter counts
+(`miles/utils/model_table.py`). A checkpoint in neither gets "estimate unavailable".
+
+The model (what each term is, in bytes; p = --param-dtype, c = --compute-dtype, r = --rollout-dtype):
+
+train rank (the data-parallel backend of miles/backends/actor.py; nothing is sharded, so the
+sharding factor is 1 and every term is per rank whatever the rank count):
+  master model      every transformer component + the VAE, in p (the loader loads them all)
+  compute copy      the same again in c, when c != p (the copy forwards and the probe run on)
+  trained state     per trained parameter T (the trained components, or the LoRA adapters), at
+                    the optimizer step's peak: backward's gradient (in c on the copy, else in p)
+                    while it is packed into the flat all-reduce buffer in p (whose views become
+                    the gradients the step reads) + AdamW exp_avg and exp_avg_sq in p (+ the EMA
+                    copy in p with --use-ema); LoRA adds its adapters to both models
+  activations       pairs per forward x forwards per pair (2 when guided) x per-forward bytes;
+                    a transformer block keeps ACT_VALUES_PER_TOKEN x tokens x hidden values in c
+                    (Korthikanti et al. 2022, "Reducing Activation Recomputation", with flash
+                    attention: no s^2 term); with --gradient-checkpointing only each block's input
+                    (1 value) is kept, plus one block's full set during its recompute
+engine (one per rollout GPU): every component of the pipeline (transformers, text encoders,
+  VAE) in r, plus one forward's block activations (no graph), plus the VAE decoder's peak
+  (VAE_DECODE_MAPS feature maps of VAE_DECODE_CHANNELS channels at pixel resolution over one
+  decoded chunk), plus the trajectories it holds in fp32
+reward worker: its scorer's parameters in fp32 (PickScore: a CLIP model), times the workers
+  sharing a GPU
+every process on a GPU: CUDA_CONTEXT_GIB for the CUDA context, cuBLAS/NCCL workspaces
+per GPU: a train GPU carries its rank, plus an engine with --colocate, plus reward workers with
+  --colocate-reward; a rollout GPU its engine; a reward GPU its workers.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import struct
+from argparse import Namespace
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+GIB = 1024 ** 3
+DEFAULT_GPU_MEMORY_GB = 80.0
+HEADROOM_FRACTION = 0.10  # what the model leaves out: allocator slack (the CPU validation measured 1.04-1.07 x the
+# estimate, docs/memory-plan.md), a heavier CUDA build (DESIGN section 9)
+CUDA_CONTEXT_GIB = 1.0
+ACT_VALUES_PER_TOKEN = 17  # Korthikanti et al.: 34 s b h bytes per layer at 2 bytes a value
+VAE_DECODE_MAPS = 6
+VAE_DECODE_CHANNELS = 128
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+SAFETENSORS_BYTES = {"F64": 8, "F32": 4, "BF16": 2, "F16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
+                     "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """How a family's pixels become transformer tokens, and how the pipeline feeds text."""
+
+    spatial: int  # VAE spatial compression
+    temporal: int  # VAE temporal compression (1: images)
+    patch: tuple[int, int, int]  # transformer patch (t, h, w)
+    latent_channels: int
+    joint_text: bool  # text tokens go through every block with the image tokens (MMDiT)
+    decode_chunk_frames: int  # frames the VAE decodes at once (0: all)
+    lora_linears_per_block: float  # LoRA adapter width per block, in units of hidden (r x this x hidden)
+
+
+GEOMETRY = {
+    "sd3": Geometry(8, 1, (1, 2, 2), 16, True, 0, 16.0),  # 8 linears (to_q/k/v/out, add_*) of hidden -> hidden
+    "qwen_image": Geometry(8, 1, (1, 2, 2), 16, True, 0, 16.0),
+    # Wan: two attentions (self, cross) + the FFN's two linears (ffn = 2.7 x hidden)
+    "wan2_2": Geometry(8, 4, (1, 2, 2), 16, False, 4, 16.0 + 2 * (1 + 2.7)),
+    "ltx": Geometry(32, 8, (1, 1, 1), 128, False, 0, 16.0),
+    "cosmos3": Geometry(8, 4, (1, 2, 2), 16, False, 4, 8.0),
+}
+
+
+class MemoryPlanError(ValueError):
+    """An estimate over a role's budget; the message names role, estimate, budget and fixes."""
+
+
+@dataclass
+class ComponentFacts:
+    params: int
+    blocks: int | None = None
+    hidden: int | None = None
+
+
+@dataclass
+class ModelFacts:
+    source: str  # "checkpoint on disk" or "committed table (<key>)"
+    components: dict[str, ComponentFacts]
+
+
+@dataclass
+class RoleEstimate:
+    role: str
+    terms: list[tuple[str, float]]  # (what, bytes)
+    count_per_gpu: int = 1
+
+    @property
+    def total(self) -> float:
+        return sum(b for _, b in self.terms) * self.count_per_gpu
+
+
+@dataclass
+class GpuEstimate:
+    name: str  # "train GPU", "rollout GPU", "reward GPU"
+    roles: list[RoleEstimate]
+    knobs: list[str] = field(default_factory=list)
+
+    @property
+    def total(self) -> float:
+        return sum(r.total for r in self.roles)
+
+
+@dataclass
+class MemoryPlan:
+    lines: list[str]
+    gpus: list[GpuEstimate] = field(default_factory=list)
+    budget_gib: float | None = None
+    gpu_memory_gb: float | None = None
+    available: bool = True
+
+    def table(self) -> str:
+        return "\n".join(self.lines)
+
+    def over_budget(self) -> list[GpuEstimate]:
+        if self.budget_gib is None:
+            return []
+        return [g for g in self.gpus if g.total / GIB > self.budget_gib]
+
+    def check(self) -> None:
+        over = self.over_budget()
+        if not over:
+            return
+        g = over[0]
+        roles = " + ".join(f"{r.role} {r.total / GIB:.1f} GiB" for r in g.roles)
+        raise MemoryPlanError(
+            f"memory plan: each {g.name} needs an estimated {g.total / GIB:.1f} GiB ({roles}), over its budget of "
+            f"{self.budget_gib:.1f} GiB (--gpu-memory-gb {self.gpu_memory_gb:g} minus {HEADROOM_FRACTION:.0%} "
+            f"headroom); what would help: {'; '.join(g.knobs) or 'a GPU with more memory'}")
+
+
+# -- GPU memory -----------------------------------------------------------------------------------
+
+def nvml_gpu_memory_gb() -> float | None:
+    """GiB of GPU 0 by NVML, or None without a driver/pynvml (never imports torch)."""
+    try:
+        import pynvml  # type: ignore
+
+        pynvml.nvmlInit()
+        try:
+            return pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(0)).total / GIB
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:
+        return None
+
+
+def gpu_memory_gb(ns: Namespace) -> float:
+    value = getattr(ns, "gpu_memory_gb", None)
+    if value is not None:
+        return float(value)
+    return nvml_gpu_memory_gb() or DEFAULT_GPU_MEMORY_GB
+
+
+# -- facts about the checkpoint --------------------------------------------------------------------
+
+def safetensors_params(path: Path) -> int:
+    """Parameter count from a .safetensors file's header alone (8-byte length + JSON)."""
+    with open(path, "rb") as fh:
+        (length,) = struct.unpack("<Q", fh.read(8))
+        header = json.loads(fh.read(length))
+    return sum(math.prod(t["shape"]) for name, t in header.items() if name != "__metadata__")
+
+
+def read_checkpoint(path: str | os.PathLike) -> ModelFacts | None:
+    """Facts from a diffusers-layout checkpoint on disk (headers and configs only), or None."""
+    root = Path(path)
+    if not root.is_dir():
+        return None
+    components = {}
+    for sub in sorted(p for p in root.iterdir() if p.is_dir()):
+        files = sorted(sub.glob("*.safetensors"))
+        if not files:
+            continue
+        facts = ComponentFacts(sum(safetensors_params(f) for f in files))
+        config_path = sub / "config.json"
+        if sub.name.startswith("transformer") and config_path.is_file():
+            cfg = json.loads(config_path.read_text())
+            heads, head_dim = cfg.get("num_attention_heads"), cfg.get("attention_head_dim")
+            facts.hidden = heads * head_dim if heads and head_dim else cfg.get("dim")
+            facts.blocks = cfg.get("num_layers")
+        components[sub.name] = facts
+    if not components:
+        return None
+    return ModelFacts("checkpoint on disk", components)
+
+
+def _table_key(path: str) -> str | None:
+    from miles.utils.model_table import load_table
+
+    name = Path(path.rstrip("/")).name
+    table = load_table()
+    if name in table:
+        return name
+    for key in table:  # our own checkpoints: miles-<family>-<size>-seed<N>
+        if key.startswith("miles-") and name.startswith(key + "-seed"):
+            return key
+    return None
+
+
+def model_facts(path: str | None) -> ModelFacts | None:
+    if not path:
+        return None
+    found = read_checkpoint(path)
+    if found is not None:
+        return found
+    key = _table_key(path)
+    if key is None:
+        return None
+    from miles.utils.model_table import load_table
+
+    comps = {name: ComponentFacts(c["params"], c.get("blocks"), c.get("hidden"))
+             for name, c in load_table()[key]["components"].items()}
+    return ModelFacts(f"committed table ({key})", comps)
+
+
+# -- the estimate -----------------------------------------------------------------------------------
+
+def _tokens(ns: Namespace, geo: Geometry, text_tokens: int) -> tuple[int, int]:
+    """(image tokens per forward sample, text tokens in the blocks)."""
+    t, h, w = geo.patch
+    frames = (ns.diffusion_output_num_frames - 1) // geo.temporal + 1
+    image = (math.ceil(frames / t) * (ns.diffusion_height // geo.spatial // h)
+             * (ns.diffusion_width // geo.spatial // w))
+    return image, text_tokens if geo.joint_text else 0
+
+
+def _text_tokens(ns: Namespace) -> int:
+    defaults = {"sd3": 77 + 256, "qwen_image": 512, "wan2_2": 512, "ltx": 128, "cosmos3": 512}
+    return ns.diffusion_max_sequence_length or defaults[ns.diffusion_model_family]
+
+
+def _pairs_per_forward(ns: Namespace, plan) -> int:
+    if ns.micro_batch_size_sample and ns.micro_batch_size_tstep:
+        return ns.micro_batch_size_sample * ns.micro_batch_size_tstep
+    return ns.micro_batch_size
+
+
+def _guided(ns: Namespace) -> bool:
+    from miles.utils.families import get_family_facts
+
+    if ns.loss_type == "sft_loss":  # SFT forwards run unguided (miles/backends/sft.py)
+        return False
+    scales = [ns.diffusion_guidance_scale, ns.diffusion_guidance_scale_2 or 0.0]
+    return get_family_facts(ns.diffusion_model_family).guided and max(scales) > 1.0
+
+
+def _train_rank(ns: Namespace, plan, facts: ModelFacts, geo: Geometry) -> tuple[RoleEstimate, list[str]]:
+    p, c = DTYPE_BYTES[ns.param_dtype], DTYPE_BYTES[ns.compute_dtype]
+    copy = c != p
+    comps = facts.components
+    transformers = [n for n in comps if n.startswith("transformer")]
+    kept = transformers + [n for n in comps if n == "vae"]
+    if ns.loss_type == "sft_loss":
+        kept_copy = kept + [n for n in comps if n.startswith("text_encoder")]
+    else:
+        kept_copy = kept
+    trained = [n for n in (ns.update_weight_target_module or transformers) if n in comps]
+    model_params = sum(comps[n].params for n in kept)
+    if ns.use_lora:
+        t_params = sum(int(ns.lora_rank * geo.lora_linears_per_block * comps[n].hidden) * comps[n].blocks
+                       for n in trained)
+        what = f"LoRA rank {ns.lora_rank} on {'+'.join(trained)}"
+    else:
+        t_params = sum(comps[n].params for n in trained)
+        what = f"full {'+'.join(trained)}"
+    terms = [(f"master model {model_params / 1e9:.2f} B params in {ns.param_dtype}", model_params * p)]
+    if copy:
+        terms.append((f"compute copy in {ns.compute_dtype}", sum(comps[n].params for n in kept_copy) * c))
+    if ns.use_lora:
+        terms.append(("LoRA adapters on the model(s)", t_params * (p + (c if copy else 0))))
+    per_trained = (c if copy else p) + p + 2 * p + (p if ns.use_ema else 0)
+    terms.append((f"trained state {what}: {t_params / 1e9:.3f} B params x {per_trained} B "
+                  f"(backward's grads, the reduced grads, AdamW{', EMA' if ns.use_ema else ''})",
+                  t_params * per_trained))
+    # activations of the largest trained transformer
+    big = max(trained, key=lambda n: comps[n].hidden * comps[n].blocks)
+    hidden, blocks = comps[big].hidden, comps[big].blocks
+    image, text = _tokens(ns, geo, _text_tokens(ns))
+    tokens = image + text
+    forwards = _pairs_per_forward(ns, plan) * (2 if _guided(ns) else 1)
+    per_block = ACT_VALUES_PER_TOKEN * tokens * hidden * c
+    if ns.gradient_checkpointing:
+        per_forward = blocks * tokens * hidden * c + per_block
+        how = "block inputs (gradient checkpointing)"
+    else:
+        per_forward = blocks * per_block
+        how = f"{ACT_VALUES_PER_TOKEN} values/token/hidden per block"
+    terms.append((f"activations: {forwards} forwards x {tokens} tokens x {hidden} hidden x {blocks} blocks, {how}",
+                  forwards * per_forward))
+    terms.append(("CUDA context and workspaces", CUDA_CONTEXT_GIB * GIB))
+    knobs = []
+    if not ns.use_lora:
+        knobs.append("--use-lora (trains adapters instead of every weight)")
+    if len(trained) > 1:
+        knobs.append(f"train fewer components (--update-weight-target-module {trained[0]})")
+    if not ns.gradient_checkpointing:
+        knobs.append("--gradient-checkpointing")
+    if _pairs_per_forward(ns, plan) > 1:
+        knobs.append("a smaller --micro-batch-size / --micro-batch-size-sample")
+    if copy and ns.param_dtype == "float32":
+        knobs.append(f"--param-dtype {ns.compute_dtype} (drops the float32 master copy)")
+    return RoleEstimate("train rank", terms), knobs
+
+
+def _engine(ns: Namespace, plan, facts: ModelFacts, geo: Geometry) -> tuple[RoleEstimate, list[str]]:
+    r = DTYPE_BYTES[ns.rollout_dtype]
+    comps = facts.components
+    params = sum(f.params for f in comps.values())
+    transformers = [n for n in comps if n.startswith("transformer")]
+    big = max(transformers, key=lambda n: comps[n].hidden * comps[n].blocks)
+    image, text = _tokens(ns, geo, _text_tokens(ns))
+    terms = [(f"pipeline {params / 1e9:.2f} B params in {ns.rollout_dtype}", params * r),
+             ("one block's activations (no graph)",
+              ACT_VALUES_PER_TOKEN * (image + text) * comps[big].hidden * r)]
+    frames = ns.diffusion_output_num_frames
+    chunk = frames if geo.decode_chunk_frames == 0 else min(frames, geo.decode_chunk_frames)
+    terms.append((f"VAE decode of {chunk} frame(s)",
+                  VAE_DECODE_MAPS * VAE_DECODE_CHANNELS * chunk * ns.diffusion_height * ns.diffusion_width * r))
+    latent = image * geo.latent_channels * math.prod(geo.patch)
+    steps = ns.diffusion_num_steps
+    per_sample = (steps + 1 + (steps if ns.diffusion_debug_mode else 0)) * latent * 4
+    group = ns.rollout_microgroup_size or ns.n_samples_per_prompt
+    terms.append((f"trajectories of {group} samples in float32", group * per_sample))
+    terms.append(("CUDA context and workspaces", CUDA_CONTEXT_GIB * GIB))
+    knobs = []
+    if ns.rollout_dtype == "float32":
+        knobs.append("--rollout-dtype bfloat16 (with --compute-dtype bfloat16)")
+    if ns.colocate:
+        knobs.append("drop --colocate and give engines their own GPUs (--rollout-num-gpus)")
+    return RoleEstimate("engine", terms), knobs
+
+
+def _reward(ns: Namespace, workers_per_gpu: int) -> RoleEstimate | None:
+    if ns.rm_type != "pickscore" or not ns.pickscore_model_path:
+        return None
+    facts = model_facts(ns.pickscore_model_path)
+    if facts is None:
+        return None
+    params = sum(f.params for f in facts.components.values())
+    return RoleEstimate("reward worker", [(f"scorer {params / 1e9:.2f} B params in float32", params * 4),
+                                          ("CUDA context", CUDA_CONTEXT_GIB * GIB)], workers_per_gpu)
+
+
+def build_memory_plan(ns: Namespace, plan) -> MemoryPlan:
+    """The estimate for a validated namespace (validate_args has filled in the derived values)."""
+    if ns.device == "cpu":
+        return MemoryPlan(["memory plan: --device cpu, no GPU budget to check"], available=False)
+    from miles.utils.validation import gpu_layout, has_rollout_engines, train_gpus
+
+    facts = model_facts(ns.hf_checkpoint)
+    geo = GEOMETRY[ns.diffusion_model_family]
+    transformers = [] if facts is None else [n for n in facts.components if n.startswith("transformer")]
+    if facts is None or not transformers or any(facts.components[n].hidden is None or facts.components[n].blocks
+                                                 is None for n in transformers):
+        why = ("is not on disk and not in miles/utils/model_table.py" if facts is None else
+               "has no transformer config with num_attention_heads, attention_head_dim and num_layers")
+        return MemoryPlan([f"memory plan: estimate unavailable: {ns.hf_checkpoint} {why}"], available=False)
+    gpu_gb = gpu_memory_gb(ns)  # NVML only when there is an estimate to compare
+    budget = gpu_gb * (1 - HEADROOM_FRACTION)
+    head = (f"memory plan (per GPU, GiB; budget {budget:.1f} = --gpu-memory-gb {gpu_gb:g} minus "
+            f"{HEADROOM_FRACTION:.0%} headroom)")
+    layout = gpu_layout(ns)
+    train, train_knobs = _train_rank(ns, plan, facts, geo)
+    gpus: list[GpuEstimate] = []
+    train_gpu = GpuEstimate("train GPU", [train], list(train_knobs))
+    engines = has_rollout_engines(ns)
+    engine, engine_knobs = _engine(ns, plan, facts, geo) if engines else (None, [])
+    if engine is not None and ns.colocate:
+        train_gpu.roles.append(engine)
+        train_gpu.knobs += engine_knobs
+    reward_note = ""
+    if ns.loss_type != "sft_loss" and ns.rm_num_gpus_per_worker > 0:
+        if ns.colocate_reward:
+            per_gpu = math.ceil(ns.rm_num_workers / max(1, train_gpus(ns)))
+            reward = _reward(ns, per_gpu)
+            if reward is not None:
+                train_gpu.roles.append(reward)
+        else:
+            per_gpu = min(ns.rm_num_workers, max(1, int(1 / ns.rm_num_gpus_per_worker + 1e-9)))
+            reward = _reward(ns, per_gpu)
+            if reward is not None:
+                gpus.append(GpuEstimate("reward GPU", [reward], ["raise --rm-num-gpus-per-worker"]))
+        if reward is None:
+            reward_note = f"reward worker: scorer {ns.rm_type} not estimated (no known checkpoint)"
+    gpus.insert(0, train_gpu)
+    if engine is not None and not ns.colocate:
+        gpus.insert(1, GpuEstimate("rollout GPU", [engine], engine_knobs))
+    lines = [f"{head}; facts from the {facts.source}"]
+    for g in gpus:
+        verdict = "fits" if g.total / GIB <= budget else "DOES NOT FIT"
+        lines.append(f"  {g.name}: {g.total / GIB:.1f} GiB ({verdict})")
+        for role in g.roles:
+            times = f" x {role.count_per_gpu} per GPU" if role.count_per_gpu > 1 else ""
+            lines.append(f"    {role.role}{times}: {role.total / GIB:.1f}")
+            for what, b in role.terms:
+                lines.append(f"      {b / GIB:8.2f}  {what}")
+    if reward_note:
+        lines.append(f"  {reward_note}")
+    lines.append(f"  train ranks {layout.train}, sharding factor 1 (data-parallel backend: every rank holds the "
+                 f"whole model)")
+    return MemoryPlan(lines, gpus, budget, gpu_gb)
+
+
+def plan_and_check(ns: Namespace, plan) -> MemoryPlan:
+    """build_memory_plan, then refuse an estimate over budget (MemoryPlanError, a ValueError)."""
+    memory = build_memory_plan(ns, plan)
+    memory.check()
+    return memory

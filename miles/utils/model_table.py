@@ -1,0 +1,192 @@
+"""Parameter counts of checkpoints that are not on disk, for the dry run's memory plan. Torch-free.
+
+The dry check estimates per-GPU memory before any weight is downloaded, so it needs each
+component's parameter count. A checkpoint on disk is always read instead (its safetensors
+headers: `miles.utils.memory_plan.read_checkpoint`). This table covers the rest:
+
+- RELEASED: the transformer, text-encoder, VAE and reward-model configs of the released
+  checkpoints the full-scale recipes name, TRANSCRIBED BY HAND from their published
+  `config.json` files (not read from the checkpoints, which are not in this repository). Only
+  the keys that change parameter counts are kept; the class defaults supply the rest.
+  A checkpoint missing here (LTX-2.3: its transformer is not the LTX-Video class this project
+  loads) gets "estimate unavailable", never a guess.
+- Our own checkpoints (`miles-<family>-<size>-seed<N>`): the configs `create_checkpoint` writes
+  for that family and size.
+
+The counts in `model_sizes.json` are COMPUTED, not typed: `python3 -m miles.utils.model_table`
+builds every component on torch's meta device from its config (no memory, no weights) and
+counts its parameters, and records the transformer's width and block count that the activation
+estimate uses. tests/unit/utils/test_memory_plan.py rebuilds the table and compares.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+TABLE_PATH = Path(__file__).with_name("model_sizes.json")
+
+_UMT5_XXL = {"d_model": 4096, "d_ff": 10240, "d_kv": 64, "num_heads": 64, "num_layers": 24, "vocab_size": 256384,
+             "feed_forward_proj": "gated-gelu"}
+_T5_XXL = {"d_model": 4096, "d_ff": 10240, "d_kv": 64, "num_heads": 64, "num_layers": 24, "vocab_size": 32128,
+           "feed_forward_proj": "gated-gelu"}
+_WAN_A14B = {"patch_size": [1, 2, 2], "num_attention_heads": 40, "attention_head_dim": 128, "in_channels": 16,
+             "out_channels": 16, "text_dim": 4096, "freq_dim": 256, "ffn_dim": 13824, "num_layers": 40,
+             "cross_attn_norm": True, "qk_norm": "rms_norm_across_heads", "eps": 1e-6, "rope_max_seq_len": 1024}
+
+
+def _c(library: str, cls: str, config: dict[str, Any], config_class: str | None = None) -> dict[str, Any]:
+    extra = {"config_class": config_class} if config_class else {}
+    return {"library": library, "class": cls, "config": config, **extra}
+
+
+RELEASED: dict[str, dict[str, Any]] = {
+    "Wan2.2-T2V-A14B-Diffusers": {
+        "family": "wan2_2",
+        "components": {
+            "transformer": _c("diffusers", "WanTransformer3DModel", _WAN_A14B),
+            "transformer_2": _c("diffusers", "WanTransformer3DModel", _WAN_A14B),
+            "text_encoder": _c("transformers", "UMT5EncoderModel", _UMT5_XXL, "UMT5Config"),
+            "vae": _c("diffusers", "AutoencoderKLWan", {"base_dim": 96, "z_dim": 16}),
+        },
+    },
+    "Qwen-Image": {
+        "family": "qwen_image",
+        "components": {
+            "transformer": _c("diffusers", "QwenImageTransformer2DModel", {
+                "patch_size": 2, "in_channels": 64, "out_channels": 16, "num_layers": 60, "attention_head_dim": 128,
+                "num_attention_heads": 24, "joint_attention_dim": 3584, "guidance_embeds": False,
+                "axes_dims_rope": [16, 56, 56]}),
+            # Qwen2.5-VL-7B's language model (the vision tower is not counted: the pipeline encodes text only)
+            "text_encoder": _c("transformers", "Qwen2Model", {
+                "hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 28, "num_attention_heads": 28,
+                "num_key_value_heads": 4, "vocab_size": 152064}, "Qwen2Config"),
+            "vae": _c("diffusers", "AutoencoderKLQwenImage", {"base_dim": 96, "z_dim": 16}),
+        },
+    },
+    "stable-diffusion-3.5-medium": {
+        "family": "sd3",
+        "components": {
+            "transformer": _c("diffusers", "SD3Transformer2DModel", {
+                "sample_size": 128, "patch_size": 2, "in_channels": 16, "num_layers": 24, "attention_head_dim": 64,
+                "num_attention_heads": 24, "joint_attention_dim": 4096, "caption_projection_dim": 1536,
+                "pooled_projection_dim": 2048, "out_channels": 16, "pos_embed_max_size": 384,
+                "dual_attention_layers": list(range(13)), "qk_norm": "rms_norm"}),
+            "text_encoder": _c("transformers", "CLIPTextModelWithProjection", {
+                "hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12, "num_attention_heads": 12,
+                "projection_dim": 768, "vocab_size": 49408, "max_position_embeddings": 77}, "CLIPTextConfig"),
+            "text_encoder_2": _c("transformers", "CLIPTextModelWithProjection", {
+                "hidden_size": 1280, "intermediate_size": 5120, "num_hidden_layers": 32, "num_attention_heads": 20,
+                "projection_dim": 1280, "vocab_size": 49408, "max_position_embeddings": 77}, "CLIPTextConfig"),
+            "text_encoder_3": _c("transformers", "T5EncoderModel", _T5_XXL, "T5Config"),
+            "vae": _c("diffusers", "AutoencoderKL", {
+                "in_channels": 3, "out_channels": 3, "latent_channels": 16, "block_out_channels": [128, 256, 512, 512],
+                "layers_per_block": 2, "use_quant_conv": False, "use_post_quant_conv": False,
+                "down_block_types": ["DownEncoderBlock2D"] * 4, "up_block_types": ["UpDecoderBlock2D"] * 4}),
+        },
+    },
+    "Cosmos-Predict2-2B-Text2Image": {
+        "family": "cosmos3",
+        "components": {
+            "transformer": _c("diffusers", "CosmosTransformer3DModel", {
+                "in_channels": 16, "out_channels": 16, "num_attention_heads": 16, "attention_head_dim": 128,
+                "num_layers": 28, "mlp_ratio": 4.0, "text_embed_dim": 1024, "adaln_lora_dim": 256,
+                "max_size": [128, 240, 240], "patch_size": [1, 2, 2], "rope_scale": [1.0, 4.0, 4.0],
+                "concat_padding_mask": True, "extra_pos_embed_type": None}),
+            # the T5-11B encoder
+            "text_encoder": _c("transformers", "T5EncoderModel", {
+                "d_model": 1024, "d_ff": 65536, "d_kv": 128, "num_heads": 128, "num_layers": 24, "vocab_size": 32128,
+                "feed_forward_proj": "relu"}, "T5Config"),
+            "vae": _c("diffusers", "AutoencoderKLWan", {"base_dim": 96, "z_dim": 16}),
+        },
+    },
+    # the reward model the PickScore recipes name (a CLIP ViT-H/14)
+    "PickScore_v1": {
+        "family": None,
+        "components": {
+            "model": _c("transformers", "CLIPModel", {
+                "text_config": {"hidden_size": 1024, "intermediate_size": 4096, "num_hidden_layers": 24,
+                                "num_attention_heads": 16, "vocab_size": 49408, "max_position_embeddings": 77},
+                "vision_config": {"hidden_size": 1280, "intermediate_size": 5120, "num_hidden_layers": 32,
+                                  "num_attention_heads": 16, "patch_size": 14, "image_size": 224},
+                "projection_dim": 1024}, "CLIPConfig"),
+        },
+    },
+}
+
+OWN_SIZES = ("tiny", "proxy")
+
+
+def own_key(family: str, size: str) -> str:
+    return f"miles-{family}-{size}"
+
+
+@lru_cache(maxsize=1)
+def load_table() -> dict[str, Any]:
+    """{checkpoint key: {"family", "components": {name: {"class", "params", "hidden"?, "blocks"?}}}}."""
+    return json.loads(TABLE_PATH.read_text())
+
+
+# -- the generator (imports torch; never on the dry path) ------------------------------------------
+
+def _own_specs() -> dict[str, dict[str, Any]]:
+    from miles.models.registry import family_module
+    from miles.utils.families import FAMILY_NAMES
+
+    out = {}
+    for family in FAMILY_NAMES:
+        for size in OWN_SIZES:
+            comps = {}
+            for name, spec in family_module(family).components(size).items():
+                if spec.class_name == "PreTrainedTokenizerFast" or spec.library not in ("diffusers", "transformers"):
+                    continue
+                comps[name] = _c(spec.library, spec.class_name, dict(spec.config), spec.config_class)
+            out[own_key(family, size)] = {"family": family, "components": comps}
+    return out
+
+
+def _count(component: dict[str, Any]) -> dict[str, Any]:
+    import importlib
+
+    import torch
+
+    with torch.device("meta"):
+        if component["library"] == "diffusers":
+            cls = getattr(importlib.import_module("diffusers"), component["class"])
+            module = cls.from_config(component["config"])
+        else:
+            lib = importlib.import_module("transformers")
+            config = getattr(lib, component["config_class"])(**component["config"])
+            module = getattr(lib, component["class"])(config)
+    entry: dict[str, Any] = {"class": component["class"], "params": int(sum(p.numel() for p in module.parameters()))}
+    blocks = getattr(module, "transformer_blocks", None) or getattr(module, "blocks", None)
+    if blocks is not None and "Transformer" in component["class"]:
+        entry["blocks"] = len(blocks)
+        entry["block_params"] = int(sum(p.numel() for p in blocks[0].parameters()))
+        cfg = component["config"]
+        entry["hidden"] = int(cfg.get("num_attention_heads", 0) * cfg.get("attention_head_dim", 0))
+    return entry
+
+
+def build_table() -> dict[str, Any]:
+    from miles.models.runtime import quiet_libraries
+
+    quiet_libraries()
+    specs = {**RELEASED, **_own_specs()}
+    return {key: {"family": spec["family"],
+                  "components": {name: _count(comp) for name, comp in spec["components"].items()}}
+            for key, spec in specs.items()}
+
+
+def main() -> None:
+    table = build_table()
+    TABLE_PATH.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
+    for key, entry in table.items():
+        total = sum(c["params"] for c in entry["components"].values())
+        print(f"{key:40s} {total / 1e9:8.3f} B params")
+
+
+if __name__ == "__main__":
+    main()

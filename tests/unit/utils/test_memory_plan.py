@@ -1,0 +1,145 @@
+"""The dry run's memory plan (miles/utils/memory_plan.py): facts from safetensors headers or the
+committed table, the per-role estimate, and the refusal that names role, estimate, budget and fix."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from miles.utils.arguments import ConfigError, parse_and_plan, parse_command_line
+from miles.utils.memory_plan import (
+    GIB, MemoryPlanError, build_memory_plan, model_facts, plan_and_check, read_checkpoint, safetensors_params,
+)
+
+REPO = Path(__file__).resolve().parents[3]
+
+# the Wan2.2 LoRA recipe's batch and layout, on H200s; the checkpoint resolves through the committed table
+WAN = ["--hf-checkpoint", "/nowhere/Wan2.2-T2V-A14B-Diffusers", "--num-rollout", "2", "--rm-type", "brightness",
+       "--prompt-data", "p.jsonl", "--rollout-batch-size", "8", "--n-samples-per-prompt", "8",
+       "--diffusion-height", "480", "--diffusion-width", "832", "--diffusion-output-num-frames", "33",
+       "--diffusion-num-steps", "20", "--diffusion-num-sde-steps", "2", "--diffusion-guidance-scale-2", "3.0",
+       "--micro-batch-size", "1", "--gradient-checkpointing", "--param-dtype", "bfloat16",
+       "--compute-dtype", "bfloat16", "--rollout-dtype", "bfloat16", "--actor-num-gpus-per-node", "4",
+       "--num-gpus-per-node", "4", "--colocate", "--update-weight-target-module", "transformer"]
+SD3 = ["--hf-checkpoint", "/nowhere/stable-diffusion-3.5-medium", "--num-rollout", "2", "--rm-type", "brightness",
+       "--prompt-data", "p.jsonl", "--rollout-batch-size", "16", "--n-samples-per-prompt", "16",
+       "--micro-batch-size-sample", "8", "--micro-batch-size-tstep", "1", "--gradient-checkpointing",
+       "--compute-dtype", "bfloat16", "--rollout-dtype", "bfloat16", "--actor-num-gpus-per-node", "2",
+       "--num-gpus-per-node", "2", "--colocate", "--use-lora", "--gpu-memory-gb", "80"]
+
+
+def memory(argv):
+    ns, plan = parse_and_plan(argv)
+    return build_memory_plan(ns, plan)
+
+
+def test_a_lora_recipe_fits_and_the_plan_shows_every_role_and_term():
+    plan = memory(SD3)
+    text = plan.table()
+    assert plan.over_budget() == [] and plan.available
+    for expected in ("committed table (stable-diffusion-3.5-medium)", "train GPU:", "train rank:", "engine:",
+                     "master model", "compute copy in bfloat16", "trained state LoRA rank 32", "activations:",
+                     "pipeline 7.91 B params in bfloat16", "budget 72.0 = --gpu-memory-gb 80 minus 10% headroom",
+                     "sharding factor 1"):
+        assert expected in text, (expected, text)
+
+
+def test_full_parameter_wan_refuses_naming_role_estimate_budget_and_fix(capsys):
+    argv = [*WAN, "--gpu-memory-gb", "141", "--update-weight-target-module", "transformer", "transformer_2"]
+    with pytest.raises(MemoryPlanError) as err:
+        plan_and_check(*parse_and_plan(argv))
+    message = str(err.value)
+    assert "memory plan: each train GPU needs an estimated" in message
+    assert "train rank" in message and "engine" in message  # colocated: both roles on the GPU
+    assert "over its budget of 126.9 GiB (--gpu-memory-gb 141 minus 10% headroom)" in message
+    assert "--use-lora" in message and "--update-weight-target-module transformer" in message
+    # train_diffusion.py refuses it at parse time, after printing the batch plan
+    with pytest.raises(SystemExit) as code:
+        parse_command_line(argv)
+    assert code.value.code == 1
+    assert "memory plan: each train GPU" in capsys.readouterr().err
+
+
+def test_gpu_memory_gb_decides_the_verdict():
+    lora = [*WAN, "--use-lora"]
+    assert memory([*lora, "--gpu-memory-gb", "1000"]).over_budget() == []
+    small = memory([*lora, "--gpu-memory-gb", "40"])
+    assert [g.name for g in small.over_budget()] == ["train GPU"]
+    assert small.budget_gib == pytest.approx(36.0)
+
+
+def test_gpu_memory_gb_is_refused_on_the_cpu():
+    argv = ["--hf-checkpoint", "/ckpt/sd3-tiny", "--num-rollout", "2", "--rm-type", "brightness",
+            "--prompt-data", "p.jsonl", "--device", "cpu", "--gpu-memory-gb", "80"]
+    with pytest.raises(ConfigError, match="--gpu-memory-gb 80 with --device cpu"):
+        parse_and_plan(argv)
+
+
+def test_an_unknown_checkpoint_gives_unavailable_not_a_guess():
+    plan = memory([*SD3[:1], "/nowhere/sd3-something-else", *SD3[2:]])
+    assert not plan.available and plan.over_budget() == []
+    assert "estimate unavailable" in plan.table()
+
+
+def test_sharing_a_gpu_adds_the_engine_and_more_pairs_per_forward_add_activations():
+    colocated = memory(SD3)
+    separate = memory([*SD3, "--no-colocate", "--rollout-num-gpus", "1", "--num-gpus-per-node", "3"])
+    assert [g.name for g in separate.gpus] == ["train GPU", "rollout GPU"]
+    assert colocated.gpus[0].total == pytest.approx(separate.gpus[0].total + separate.gpus[1].total)
+    bigger = memory([*SD3, "--micro-batch-size-sample", "16"])
+    assert bigger.gpus[0].total > colocated.gpus[0].total
+
+
+def test_parameters_come_from_safetensors_headers_without_reading_weights(tmp_path):
+    torch = pytest.importorskip("torch")
+    from safetensors.torch import save_file
+
+    ckpt = tmp_path / "my-sd3"
+    (ckpt / "transformer").mkdir(parents=True)
+    (ckpt / "vae").mkdir()
+    save_file({"a": torch.zeros(3, 5), "b": torch.zeros(7)}, str(ckpt / "transformer" / "x-1.safetensors"))
+    save_file({"c": torch.zeros(2, 2, 2, dtype=torch.bfloat16)}, str(ckpt / "transformer" / "x-2.safetensors"))
+    save_file({"d": torch.zeros(4)}, str(ckpt / "vae" / "diffusion_pytorch_model.safetensors"))
+    (ckpt / "transformer" / "config.json").write_text(json.dumps(
+        {"num_attention_heads": 4, "attention_head_dim": 16, "num_layers": 3}))
+    assert safetensors_params(ckpt / "transformer" / "x-1.safetensors") == 22
+    facts = read_checkpoint(ckpt)
+    assert facts.source == "checkpoint on disk"
+    assert facts.components["transformer"].params == 30 and facts.components["vae"].params == 4
+    assert (facts.components["transformer"].hidden, facts.components["transformer"].blocks) == (64, 3)
+    assert model_facts(str(ckpt)).components["transformer"].params == 30  # disk wins over the table
+
+
+def test_our_own_checkpoints_resolve_by_name_through_the_table():
+    facts = model_facts("/anywhere/miles-wan2_2-proxy-seed0")
+    assert facts.source == "committed table (miles-wan2_2-proxy)"
+    assert set(facts.components) == {"transformer", "transformer_2", "text_encoder", "vae"}
+
+
+def test_the_dry_path_imports_no_torch():
+    code = ("import sys; from miles.utils.arguments import parse_and_plan; "
+            "from miles.utils.memory_plan import build_memory_plan; "
+            f"ns, p = parse_and_plan({SD3!r}); build_memory_plan(ns, p); "
+            "assert 'torch' not in sys.modules, 'torch imported'")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
+
+
+def test_the_committed_table_is_what_the_configs_compute():
+    """model_sizes.json holds counts computed on the meta device from the configs in model_table.py
+    (released ones transcribed from their config.json; ours from create_checkpoint's sizes)."""
+    pytest.importorskip("torch")
+    from miles.utils.model_table import RELEASED, _count, load_table
+
+    table = load_table()
+    for key, spec in RELEASED.items():
+        for name, component in spec["components"].items():
+            assert _count(component) == table[key]["components"][name], (key, name)
+    # the published sizes, to the first digits: Wan2.2 A14B experts 14.3 B, Qwen-Image 20.4 B
+    wan = table["Wan2.2-T2V-A14B-Diffusers"]["components"]["transformer"]["params"]
+    assert wan / 1e9 == pytest.approx(14.29, abs=0.01)
+    assert table["Qwen-Image"]["components"]["transformer"]["params"] / 1e9 == pytest.approx(20.43, abs=0.01)
+    assert GIB == 2 ** 30
