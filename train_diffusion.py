@@ -11,6 +11,7 @@ from typing import Sequence
 
 from miles.utils.arguments import parse_command_line
 from miles.utils.batching import BatchPlan
+from miles.utils.memory_plan import build_memory_plan
 from miles.utils import phases
 from miles.utils.numerics import pin_this_process
 
@@ -22,6 +23,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exit:  # --help, --validate-only, and every parse error end here
         return exit.code if isinstance(exit.code, int) else (0 if exit.code is None else 1)
     print(plan.table(), flush=True)
+    print(build_memory_plan(args, plan).table(), flush=True)  # parse_command_line refused one over budget
     pin_this_process()  # before train() imports torch: a direct run gets the launcher's numerics too
     try:
         return train(args, plan)
@@ -48,9 +50,27 @@ def report_failure(args: Namespace, err: BaseException) -> int:
         where = f"traceback: {path}"
     except OSError:
         print(text, file=sys.stderr)
-    print(f"train_diffusion.py: error: {type(cause).__name__}: {lines[0] if lines else '(no message)'} ({where})",
-          file=sys.stderr, flush=True)
+    headline = f"{type(cause).__name__}: {lines[0] if lines else '(no message)'}"
+    try:  # who failed and whether a restart may help, for the launcher (miles.ray.faults)
+        from miles.ray import faults
+
+        failure = faults.classify(err)
+        if isinstance(err, faults.RunFailure) or failure.role != "driver":
+            headline = failure.line()
+        if getattr(args, "run_dir", None):
+            faults.write_failure(args.run_dir, failure, _last_checkpoint(getattr(args, "save", None)))
+    except Exception as note:  # the one line below matters more than the record
+        print(f"(could not record the failure: {note})", file=sys.stderr)
+    print(f"train_diffusion.py: error: {headline} ({where})", file=sys.stderr, flush=True)
     return 1
+
+
+def _last_checkpoint(save: str | None):
+    if not save:
+        return None
+    from miles.backends import checkpoint as ckpt
+
+    return ckpt.latest_checkpoint(save)
 
 
 def train(args: Namespace, plan: BatchPlan) -> int:
@@ -63,6 +83,7 @@ def train(args: Namespace, plan: BatchPlan) -> int:
     import torch
 
     from miles.backends import checkpoint as ckpt
+    from miles.ray import faults
     from miles.backends.metrics import MetricsLogger, Progress, init_wandb, log, plot_curves, save_image_grid, write_run_json
     from miles.backends.sft import SFTSource
     from miles.ray.placement import create_placement_group, plan_placement
@@ -77,6 +98,8 @@ def train(args: Namespace, plan: BatchPlan) -> int:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     if not ray.is_initialized():
         ray.init()
+    faults.configure(args)
+    refuse_foreign_checkpoints(args)
     placement = plan_placement(args, ray.cluster_resources().get("CPU"))
     pg = create_placement_group(placement)
     trainer = None if args.debug_rollout_only else TrainActorGroup(args, plan, placement, pg, runtime_env)
@@ -109,9 +132,13 @@ def train(args: Namespace, plan: BatchPlan) -> int:
     phases.mark("loop_start")
     for rollout_id in range(start_id, end_id):
         began = time.perf_counter()
+        faults.CURRENT_ROLLOUT[0] = rollout_id
+        if args.debug_fault:
+            faults.arm_for_rollout(args, rollout_id, trainer, rollout)
         batch, metrics = rollout.generate(rollout_id)
         if trainer is not None:
             metrics.update(trainer.train(batch)[0].metrics)
+            faults.check_finite(metrics, rollout_id)  # before the weights move on or get saved
             if not sft and rollout_id != args.debug_skip_weight_update_at:
                 rollout.update_weights(trainer.weight_update_refs())
         if args.eval_interval and (rollout_id + 1) % args.eval_interval == 0:
@@ -128,6 +155,7 @@ def train(args: Namespace, plan: BatchPlan) -> int:
             log(f"saved checkpoint {ckpt.commit(staging, args.save, rollout_id)}")
 
     phases.mark("loop_end")
+    faults.CURRENT_ROLLOUT[0] = None
     logger.close()
     plot_curves(args.run_dir)
     save_image_grid(rollout.last_images, Path(args.run_dir) / "last_rollout.png",
@@ -138,6 +166,18 @@ def train(args: Namespace, plan: BatchPlan) -> int:
     if pg is not None:
         ray.util.remove_placement_group(pg)
     return 0
+
+
+def refuse_foreign_checkpoints(args: Namespace) -> None:
+    """A fresh run (no --load) never writes over checkpoints it did not make: they may be another
+    run's, and resuming or replacing them must be asked for."""
+    if not args.save or args.load:
+        return
+    found = _last_checkpoint(args.save)
+    if found is not None:
+        raise ValueError(f"--save {args.save} already holds committed checkpoints (latest {found[1].name}, rollout "
+                         f"{found[0]}) and this run was not asked to resume them; fix: add --load {args.save} to "
+                         f"resume that run, or point --save (or --run-id) somewhere new")
 
 
 if __name__ == "__main__":

@@ -47,6 +47,7 @@ from miles.backends.optimizer import build_optimizer, clip_gradients, learning_r
 from miles.backends.sft import SFTBatch, SFTRankStep
 from miles.backends.types import RolloutBatch, TrainResult
 from miles.backends.weight_sync import WeightUpdate, collect_weight_updates, sync_components
+from miles.utils import phases
 from miles.rollout.sde import largest_sigma_below_one, sde_step
 from miles.rollout.types import Conditioning
 from miles.utils.batching import Pair, expand_pairs, rank_schedule, shard_pairs
@@ -67,6 +68,7 @@ def torch_dtype(name: str | None) -> torch.dtype:
 
 class TrainRank:
     def __init__(self, args, plan, rank: int, world_size: int):
+        phases.actor_init(f"train rank {rank}")
         self.args, self.plan = args, plan
         self.rank, self.world_size = rank, world_size
         self.device = torch.device("cuda" if args.device == "cuda" else "cpu")
@@ -126,6 +128,7 @@ class TrainRank:
         self.ema = EMA(self.params, args.ema_decay) if args.use_ema else None
         self.custom_loss = load_custom_loss(args.custom_loss_function_path) if args.custom_loss_function_path else None
         self.sft = SFTRankStep(self) if args.loss_type == "sft_loss" else None
+        phases.actor_ready(f"train rank {self.rank}")
 
     def _compute_params(self) -> dict[str, torch.nn.Parameter]:
         """The compute copy's trained tensors, by the master's names; LoRA attached as an engine attaches it."""
@@ -297,19 +300,27 @@ class TrainRank:
     def _optimizer_step(self) -> float:
         params = list(self.params.values())
         sources = list(self.fparams.values())  # where backward left the gradients
-        grads = [s.grad if s.grad is not None else torch.zeros_like(s) for s in sources]
-        # reduced and stepped in the param dtype (a no-op cast without a compute copy)
-        flat = torch.cat([g.reshape(-1).to(p.dtype) for g, p in zip(grads, params)])
+        # reduced and stepped in the param dtype. Memory: each gradient is cast straight into the flat
+        # buffer (no list of cast copies) and, on a compute copy, freed as soon as it is packed
+        flat = torch.empty(sum(p.numel() for p in params), dtype=params[0].dtype, device=params[0].device)
+        offset = 0
+        for s, p in zip(sources, params):
+            n = p.numel()
+            if s.grad is None:
+                flat[offset:offset + n].zero_()
+            else:
+                flat[offset:offset + n].copy_(s.grad.reshape(-1))
+                if self.fparams is not self.params:
+                    s.grad = None
+            offset += n
         if self.world_size > 1:
             self.comm.all_reduce(flat)
             flat /= self.world_size
         offset = 0
-        for p in params:
-            p.grad = flat[offset:offset + p.numel()].view_as(p).clone()
+        for p in params:  # views of the one reduced buffer: no second copy of the gradients
+            p.grad = flat[offset:offset + p.numel()].view_as(p)
             offset += p.numel()
-        if self.fparams is not self.params:
-            for s in sources:
-                s.grad = None
+        del flat
         grad_norm = clip_gradients(params, self.args.clip_grad)
         if not self.args.debug_skip_optimizer_step:
             set_learning_rate(self.optimizer, self._lr())

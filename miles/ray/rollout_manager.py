@@ -17,6 +17,7 @@ from miles.backends.actor import CPU_THREADS_PER_ACTOR
 from miles.backends.loss import compute_advantages
 from miles.backends.lora import LoraSpec
 from miles.backends.types import RolloutBatch
+from miles.ray.faults import ROSTER, wait_for
 from miles.ray.placement import PlacementPlan, actor_options
 from miles.rollout.data import PromptDataset, read_prompt_file
 from miles.rollout.rm_hub.pool import RewardPool, split_evenly
@@ -50,19 +51,22 @@ class RolloutManager:
                         for slot in placement.rollout]
         colocated = [s.bundle_index for s in placement.reward]
         self.rewards = RewardPool(args, placement_group=pg if colocated else None, bundle_indices=colocated or None)
-        ray.get([e.ready.remote() for e in self.engines])
+        wait_for([e.ready.remote() for e in self.engines], self.engines, "engine start")
+        ROSTER.register(self.engines, "rollout engine")
         self.last_images: list[torch.Tensor] = []
         self.last_captions: list[tuple[str, float]] = []  # (prompt, reward) of each of last_images
 
-    def _sample(self, requests: list[SampleRequest], trained_steps: list[int], debug: bool) -> list[Trajectory]:
+    def _sample(self, requests: list[SampleRequest], trained_steps: list[int], debug: bool,
+                what: str = "generate") -> list[Trajectory]:
         import ray
 
         groups = sorted({r.group_index for r in requests})
-        futures = []
+        futures, engines = [], []
         for engine, (start, stop) in zip(self.engines, split_evenly(len(groups), len(self.engines))):
             mine = set(groups[start:stop])
             futures.append(engine.generate.remote([r for r in requests if r.group_index in mine], trained_steps, debug))
-        return [t for part in ray.get(futures) for t in part]
+            engines.append(engine)
+        return [t for part in wait_for(futures, engines, what) for t in part]
 
     def _score(self, trajectories: list[Trajectory]) -> list[float]:
         return self.rewards.score([RewardSample(t.prompt, t.image, t.metadata) for t in trajectories])
@@ -104,7 +108,7 @@ class RolloutManager:
         items = items[:args.eval_num_prompts] if args.eval_num_prompts else items
         requests = [SampleRequest(item.prompt, g, 0, sample_seed(args.rollout_seed, EVAL_SEED_OFFSET, g, 0),
                                   dict(item.metadata)) for g, item in enumerate(items)]
-        rewards = self._score(self._sample(requests, [], False))
+        rewards = self._score(self._sample(requests, [], False, what="eval"))
         return {"eval/reward/raw_mean": sum(rewards) / len(rewards)}
 
     def apply_lora(self, spec: LoraSpec, components: list[str]) -> None:
@@ -112,13 +116,15 @@ class RolloutManager:
 
         config = {"rank": spec.rank, "alpha": spec.alpha, "target_modules": list(spec.target_modules),
                   "components": components}
-        ray.get([e.apply_lora.remote(config) for e in self.engines])
+        wait_for([e.apply_lora.remote(config) for e in self.engines], self.engines, "apply_lora")
 
     def update_weights(self, updates: list[tuple[str, object]]) -> None:
         """`updates`: (component, object ref of its state dict); every engine copies them in place."""
         import ray
 
-        ray.get([e.load_weights.remote(component, ref) for e in self.engines for component, ref in updates])
+        pairs = [(e, component, ref) for e in self.engines for component, ref in updates]
+        wait_for([e.load_weights.remote(component, ref) for e, component, ref in pairs], [e for e, _, _ in pairs],
+                 "load_weights")
 
     def state_dict(self) -> dict:
         return {"dataset": self.dataset.state_dict()}

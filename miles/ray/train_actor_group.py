@@ -7,6 +7,8 @@ import ray
 from miles.backends.actor import TrainRank
 from miles.backends.lora import LoraSpec
 from miles.backends.types import RolloutBatch, TrainResult
+from miles.ray import faults
+from miles.ray.faults import wait_for
 from miles.ray.placement import PlacementPlan, actor_options
 
 
@@ -18,6 +20,34 @@ class TrainActor(TrainRank):
     def trained_components(self) -> list[str]:
         return list(self.components)
 
+    # fault injection (--debug-fault, miles.ray.faults): armed by the driver, carried out here
+    def train(self, batch):
+        faults.fire(self, "train-kill")
+        try:
+            return super().train(batch)
+        finally:
+            if getattr(self, "_miles_fault", None) == "nan":
+                self._miles_fault = None
+
+    def _micro_batch_loss(self, *args, **kwargs):
+        loss, metrics = super()._micro_batch_loss(*args, **kwargs)
+        if getattr(self, "_miles_fault", None) == "nan":
+            loss = loss * float("nan")
+        return loss, metrics
+
+    def save(self, staging: str) -> None:
+        faults.fire(self, "disk-full")
+        faults.fire(self, "slow-save")
+        try:
+            return super().save(staging)
+        except Exception as err:  # serializers hide the OS's reason (torch: "unexpected pos ..."): find it
+            reason = faults.disk_reason(staging)
+            if reason is None:
+                raise
+            first = (str(err).strip().splitlines() or [""])[0]
+            raise OSError(reason.errno, f"{reason.strerror} while saving the checkpoint to {staging} "
+                                        f"({type(err).__name__}: {first})") from err
+
 
 class TrainActorGroup:
     def __init__(self, args, plan, placement: PlacementPlan, pg, runtime_env: dict | None = None):
@@ -25,30 +55,35 @@ class TrainActorGroup:
         remote_cls = ray.remote(TrainActor)
         self.actors = [remote_cls.options(**actor_options(pg, slot, runtime_env)).remote(args, plan, rank, world_size)
                        for rank, slot in enumerate(placement.train)]
-        master_addr, master_port = ray.get(self.actors[0].master_address.remote())
-        ray.get([a.setup.remote(master_addr, master_port) for a in self.actors])
+        master_addr, master_port = wait_for([self.actors[0].master_address.remote()], self.actors[:1], "start")[0]
+        self._get([a.setup.remote(master_addr, master_port) for a in self.actors], "setup")
+        faults.ROSTER.register(self.actors, "train rank")
+
+    def _get(self, refs: list, what: str, actors: list | None = None) -> list:
+        """ray.get with a deadline; a dead or silent rank becomes a RunFailure naming it."""
+        return wait_for(refs, actors or self.actors, what)
 
     def train(self, batch: RolloutBatch | ray.ObjectRef) -> list[TrainResult]:
         batch_ref = batch if isinstance(batch, ray.ObjectRef) else ray.put(batch)
-        return ray.get([a.train.remote(batch_ref) for a in self.actors])
+        return self._get([a.train.remote(batch_ref) for a in self.actors], "train")
 
     def weight_update_refs(self) -> list[tuple[str, ray.ObjectRef]]:
-        return ray.get(self.actors[0].weight_update_refs.remote())
+        return self._get([self.actors[0].weight_update_refs.remote()], "weight_update_refs", self.actors[:1])[0]
 
     def lora_spec(self) -> LoraSpec | None:
-        return ray.get(self.actors[0].lora_spec.remote())
+        return self._get([self.actors[0].lora_spec.remote()], "lora_spec", self.actors[:1])[0]
 
     def components(self) -> list[str]:
-        return ray.get(self.actors[0].trained_components.remote())
+        return self._get([self.actors[0].trained_components.remote()], "components", self.actors[:1])[0]
 
     def save(self, staging: str) -> None:
-        ray.get([a.save.remote(staging) for a in self.actors])
+        self._get([a.save.remote(staging) for a in self.actors], "save")
 
     def load(self, path: str) -> None:
-        ray.get([a.load.remote(path) for a in self.actors])
+        self._get([a.load.remote(path) for a in self.actors], "load")
 
     def trained_state(self, rank: int = 0) -> dict:
-        return ray.get(self.actors[rank].trained_state.remote())
+        return self._get([self.actors[rank].trained_state.remote()], "trained_state", [self.actors[rank]])[0]
 
     def shutdown(self) -> None:
         for actor in self.actors:

@@ -15,6 +15,7 @@ from miles.models.loader import DiffusionModel, load_model
 from miles.models.runtime import configure_torch
 from miles.rollout import sampler
 from miles.rollout.types import SampleRequest, SamplingParams, Trajectory
+from miles.utils import phases
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -23,11 +24,13 @@ class RolloutEngine:
     def __init__(self, checkpoint: str | Path, params: SamplingParams, family: str | None = None,
                  device: str = "cpu", dtype: torch.dtype | str = torch.float32,
                  num_threads: int | None = None, deterministic: bool = False):
+        phases.actor_init("rollout engine")
         configure_torch(deterministic=deterministic, num_threads=num_threads)
         dtype = _DTYPES[dtype] if isinstance(dtype, str) else dtype
         self.params = params
         self.model: DiffusionModel = load_model(checkpoint, family=family, device=device, dtype=dtype)
         sampler.guidance_scales(self.model, params)  # a missing Wan2.2 second scale fails at start
+        phases.actor_ready("rollout engine")
 
     @classmethod
     def from_args(cls, args, device: str | None = None, num_threads: int | None = None) -> "RolloutEngine":
@@ -65,6 +68,12 @@ class RolloutEngineActor(RolloutEngine):
 
     def ready(self) -> str:
         return self.family
+
+    def generate(self, requests, trained_steps, debug=False):
+        from miles.ray import faults
+
+        faults.fire(self, "engine-kill")  # --debug-fault engine-kill@N (the fault suite)
+        return super().generate(requests, trained_steps, debug)
 
 
 def engine_actor_options(args) -> dict:

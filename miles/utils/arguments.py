@@ -15,6 +15,7 @@ from typing import Any, Sequence
 
 from miles.utils.batching import ITER_ORDERS, SPLIT_MODES, BatchPlan
 from miles.utils.families import FAMILY_NAMES
+from miles.utils.memory_plan import MemoryPlanError, plan_and_check
 from miles.utils.validation import ConfigError, compute_batch_plan, validate_args
 
 __all__ = [
@@ -180,6 +181,9 @@ def _cluster(parser) -> None:
     g.add_argument("--sequence-parallel-size", type=positive_int, default=1,
                    help="ranks that split one sequence; dp_size = train ranks / this")
     g.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="where models run")
+    g.add_argument("--gpu-memory-gb", type=positive_float, default=None,
+                   help="memory of each GPU in GiB (H100: 80, H200: 141); the memory plan refuses a layout whose "
+                   "per-GPU estimate exceeds it minus 10%% headroom; unset: GPU 0's by NVML, else 80")
 
 
 def _batch(parser) -> None:
@@ -343,6 +347,32 @@ def _debug(parser) -> None:
     _switch(g, "--train-only", "train without rollout engines (sft_loss)")
     g.add_argument("--debug-skip-weight-update-at", type=non_negative_int, default=None,
                    help="skip the weight push after this rollout id (proves the parity probe can fail)")
+    g.add_argument("--debug-fault", type=_fault_spec, default=None, metavar="KIND@ROLLOUT",
+                   help="inject one fault at a rollout, once per run dir (the fault suite, docs/faults.md); "
+                        "KIND: " + ", ".join(_fault_kinds()))
+    g.add_argument("--remote-timeout-s", type=positive_float, default=1800.0,
+                   help="deadline of a remote call the driver waits on before that kind of call was measured "
+                        "(actor start, the first rollout)")
+    g.add_argument("--remote-timeout-factor", type=positive_float, default=10.0,
+                   help="afterwards a call may take this many times the slowest call of its kind so far ...")
+    g.add_argument("--remote-timeout-min-s", type=positive_float, default=120.0,
+                   help="... but never less than this; a call past its deadline ends the run naming the actor")
+
+
+def _fault_kinds() -> list[str]:
+    from miles.ray.faults import FAULT_KINDS
+
+    return list(FAULT_KINDS)
+
+
+def _fault_spec(value: str) -> str:
+    from miles.ray.faults import parse_fault
+
+    try:
+        parse_fault(value)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err).split(": ", 1)[1]) from None
+    return value
 
 
 def _determinism(parser) -> None:
@@ -470,7 +500,14 @@ def parse_command_line(argv: Sequence[str] | None = None) -> tuple[argparse.Name
     except ConfigError as error:
         print(f"train_diffusion.py: error: {error}", file=sys.stderr)
         raise SystemExit(1) from None
+    try:
+        memory = plan_and_check(namespace, plan)
+    except MemoryPlanError as error:
+        print(plan.table())
+        print(f"train_diffusion.py: error: {error}", file=sys.stderr)
+        raise SystemExit(1) from None
     if namespace.validate_only:
         print(plan.table())
+        print(memory.table())
         raise SystemExit(0)
     return namespace, plan

@@ -62,6 +62,10 @@ class RewardWorker:
         self.args = args
 
     async def score(self, samples: list[RewardSample], first_index: int) -> list[float]:
+        from miles.ray import faults
+
+        faults.fire(self, "reward-kill")
+        faults.fire(self, "reward-hang")
         return await score_samples(self.args, samples, first_index=first_index)
 
     def ready(self) -> bool:
@@ -108,7 +112,10 @@ class RewardPool:
             .remote(args)
             for i in range(num_workers)
         ]
-        ray.get([w.ready.remote() for w in self.workers])
+        from miles.ray import faults
+
+        faults.wait_for([w.ready.remote() for w in self.workers], self.workers, "reward start")
+        faults.ROSTER.register(self.workers, "reward worker")
 
     def _submit(self, samples: list[RewardSample]) -> list[Any]:
         wire = [s.to_wire() for s in samples]
@@ -128,10 +135,13 @@ class RewardPool:
         return err
 
     def score(self, samples: list[RewardSample]) -> list[float]:
-        import ray
+        from miles.ray import faults
 
-        try:
-            parts = ray.get(self._submit(samples))
+        refs = self._submit(samples)
+        try:  # a dead or silent worker: faults.RunFailure naming it (an infrastructure failure)
+            parts = faults.wait_for(refs, self.workers[:len(refs)], "score")
+        except faults.RunFailure:
+            raise
         except Exception as err:
             raise self._unwrap(err) from err
         return [value for part in parts for value in part]

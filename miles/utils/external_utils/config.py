@@ -102,6 +102,12 @@ class ExecuteTrainConfig:
         metadata={"help": "Names the run directory (one path component); naming an earlier run id reuses it.",
                   "default_help": "a fresh id per run"},
     )
+    max_restarts: int = field(
+        default=0,
+        metadata={"help": "After a failure classified as infrastructure (an actor or node died, a deadline passed), "
+                          "relaunch the same run id from its last committed checkpoint, up to this many times "
+                          "(never after a deterministic failure: a bad flag, a NaN, a reward that raises)."},
+    )
     secret_env: str = field(
         default="",
         metadata={"help": "More variable names to treat as secrets (redacted everywhere), e.g. 'DB_URL MY_CERT'. "
@@ -115,6 +121,8 @@ class ExecuteTrainConfig:
         try:
             register_secret_names(parse_secret_env(self.secret_env))
             check_run_id(self.run_id)
+            if int(self.max_restarts) < 0:
+                raise ScriptOptionError(f"--max-restarts {self.max_restarts}: must be 0 or more")
             parse_extra_env_vars(self.extra_env_vars)
             dry_run_switch()
             is_external_ray()

@@ -176,7 +176,15 @@ def end_marked_processes(
                         descriptions[pid] = describe(pid)
                 if pid not in signalled and signal_if_marked(pid, sig, token, env_name):
                     signalled.add(pid)
-            if not targets or time.monotonic() >= deadline:
+            if not targets:
+                # a parent that was still alive a moment ago (a raylet) may have respawned a child
+                # (its dashboard or runtime-env agent) after this scan: look once more
+                time.sleep(0.3)
+                poll()
+                if not pids_with_token(token, env_name):
+                    break
+                continue
+            if time.monotonic() >= deadline:
                 break
             time.sleep(0.1)
         if not targets:

@@ -3,6 +3,7 @@ start a Ray head of our own, submit the job, follow it and end the head again.""
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import os
 import shlex
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from miles.utils import phases
+from miles.utils.external_utils import restarts
 from miles.utils.external_utils.config import (
     DEFAULT_TRAIN_SCRIPT,
     REPO_ROOT,
@@ -91,6 +93,7 @@ class _Launch:
     token: str
     node_secrets: dict[str, str]
     secrets: list[str]  # values to redact from anything shown or written
+    head_port: int | None = None  # a fixed GCS port (multi-node), kept across restarts
 
 
 def execute_train(
@@ -118,6 +121,10 @@ def execute_train(
         launch = _plan_launch(train_args, num_gpus_per_node, config, locked_flags, train_script, ray_head_port)
         _write_plan(launch.plan)
         phases.mark("launch_planned")
+        if launch.plan.memory_plan:
+            print("\n".join(launch.plan.memory_plan), flush=True)
+        if launch.plan.memory_plan_error:  # written to plan.json first, so the dry check can show the estimate
+            raise LaunchError(f"{launch.plan.memory_plan_error} (plan: {Path(launch.plan.run_dir) / 'plan.json'})")
     except (LaunchError, LockedFlagError, ExtraEnvVarsError, LaunchModeError, ScriptOptionError) as err:
         print(f"error: {err}", file=sys.stderr, flush=True)
         raise SystemExit(2) from None
@@ -140,18 +147,22 @@ def _write_plan(plan: LaunchPlan) -> None:
         ) from None
 
 
-def validate_train_argv(argv: list[str]) -> None:
+def validate_train_argv(argv: list[str]):
     """train_diffusion.py's own parser and rules over the assembled argv, in this process (no
-    torch, no Ray, no file opened): raises TrainArgvError with train_diffusion.py's message."""
+    torch, no Ray, no weights read): raises TrainArgvError with train_diffusion.py's message.
+    Returns the memory plan (miles.utils.memory_plan.MemoryPlan), built from the checkpoint's
+    configs and safetensors headers or the committed table; the caller enforces it."""
     import contextlib
     import io
 
     from miles.utils.arguments import parse_and_plan
+    from miles.utils.memory_plan import build_memory_plan
 
     stderr = io.StringIO()
     try:
         with contextlib.redirect_stderr(stderr):
-            parse_and_plan(argv)
+            ns, batch_plan = parse_and_plan(argv)
+            return build_memory_plan(ns, batch_plan)
     except SystemExit:  # argparse: unknown flag or bad value; its last line is the reason
         lines = [line for line in stderr.getvalue().splitlines() if line.strip()]
         reason = lines[-1] if lines else "rejected by train_diffusion.py's parser"
@@ -178,8 +189,9 @@ def _plan_launch(
     env_vars = build_job_env_vars(REPO_ROOT, extra_env)
     run_dir = str(Path(config.output_dir).resolve() / config.run_id)
     argv = assemble_argv(run_dir, train_args, config.extra_args)
+    memory = None
     if _resolve_train_script(train_script) == REPO_ROOT / DEFAULT_TRAIN_SCRIPT:
-        validate_train_argv(argv)
+        memory = validate_train_argv(argv)
     address, address_from = _job_server_address(external)
     token = new_token()
     node = None if external else _head_spec(token, num_gpus_per_node, dry, ray_head_port)
@@ -205,8 +217,21 @@ def _plan_launch(
         ray=({"job_server": job.address, "address_from": address_from} if node is None
              else {**node.plan_entry(), "job_server": job.address, "address_from": "own head"}),
         commands=commands,
+        memory_plan=memory.lines if memory is not None else [],
+        memory_plan_error=_memory_error(memory),
     )
-    return _Launch(plan, job, node, token, node_secrets, secret_values(env_vars))
+    return _Launch(plan, job, node, token, node_secrets, secret_values(env_vars), ray_head_port)
+
+
+def _memory_error(memory) -> str | None:
+    from miles.utils.memory_plan import MemoryPlanError
+
+    try:
+        if memory is not None:
+            memory.check()
+    except MemoryPlanError as err:
+        return str(err)
+    return None
 
 
 def _job_server_address(external: bool) -> tuple[str | None, str]:
@@ -281,24 +306,53 @@ def _run_launch(
     launcher_log = run_dir / LAUNCHER_LOG
     record = None
     status = 1
+    save = flag_values(launch.plan.argv).get("--save")
+    load = flag_values(launch.plan.argv).get("--load")
+    found = restarts.latest_checkpoint(load)
+    attempts = [restarts.Attempt(1, load=load, resumed_from_rollout=found[0] + 1 if found else None)]
     try:
         with _sigterm_as_interrupt():
-            if launch.node is None:
-                check_reachable(launch.job.address, launch.plan.ray.get("address_from", "RAY_ADDRESS"))
-            else:
-                end_recorded_run(config.output_dir, HEAD_ROLE)
-                record = LaunchRecord(HEAD_ROLE, launch.token, ray_temp_dir=launch.node.temp_dir)
-                phases.mark("ray_head_start")
-                start_node(launch.node, record, config.output_dir, config.cuda_visible_devices, launch.node_secrets,
-                           log_path=launcher_log)
-                phases.mark("ray_head_ready")
-                print(f"Ray head up on {launch.node.node_ip}: job server {launch.node.job_server_url}, GCS "
-                      f"{launch.node.gcs_address}; Ray's own output is in {launcher_log}", flush=True)
-            status = _submit_when_ready(launch, config, hook, cluster_wait_timeout)
-            phases.mark("job_end", status=status)
+            while True:
+                if launch.node is None:
+                    check_reachable(launch.job.address, launch.plan.ray.get("address_from", "RAY_ADDRESS"))
+                else:
+                    if len(attempts) == 1:
+                        end_recorded_run(config.output_dir, HEAD_ROLE)
+                    record = LaunchRecord(HEAD_ROLE, launch.token, ray_temp_dir=launch.node.temp_dir)
+                    phases.mark("ray_head_start")
+                    start_node(launch.node, record, config.output_dir, config.cuda_visible_devices,
+                               launch.node_secrets, log_path=launcher_log)
+                    phases.mark("ray_head_ready")
+                    print(f"Ray head up on {launch.node.node_ip}: job server {launch.node.job_server_url}, GCS "
+                          f"{launch.node.gcs_address}; Ray's own output is in {launcher_log}", flush=True)
+                restarts.set_aside_failure(run_dir, len(attempts) - 1)
+                watch = _watch_head(launch)
+                try:
+                    with watch:
+                        status = _submit_when_ready(launch, config, hook, cluster_wait_timeout)
+                except Exception:
+                    if watch.cause is None:
+                        raise
+                    _append_traceback(launcher_log, launch.secrets)
+                    status = 1
+                phases.mark("job_end", status=status)
+                attempt = attempts[-1]
+                attempt.exit, attempt.failure = status, restarts.read_failure(run_dir)
+                if watch.cause is not None and status != 0:
+                    attempt.cause, attempt.kind = watch.cause, restarts.INFRASTRUCTURE
+                elif attempt.failure:
+                    attempt.cause, attempt.kind = attempt.failure.get("line"), attempt.failure.get("kind")
+                elif status == INTERRUPTED_EXIT_CODE:
+                    attempt.cause, attempt.kind = _interrupted_cause(), "interrupted"
+                if status == 0 or not restarts.restartable(attempt) or len(attempts) > config.max_restarts:
+                    break
+                launch, record = _restart(launch, record, config, attempts, save)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr, flush=True)
         status = INTERRUPTED_EXIT_CODE
+        attempts[-1].exit = status
+        attempts[-1].cause = _interrupted_cause()
+        attempts[-1].kind = "interrupted"
     except LaunchModeError as err:
         print(f"error: {err}", file=sys.stderr, flush=True)
         status = 2
@@ -316,9 +370,59 @@ def _run_launch(
         if record is not None:
             stop_node(record, remove_temp_dir=status == 0)
         phases.mark("teardown_end")
+    job_ran = attempts[-1].exit is not None  # a job ended or was stopped (not a launch error before it)
+    if job_ran:
+        try:
+            restarts.add_attempts_to_run_json(run_dir, attempts)
+        except OSError:
+            pass
     if status == 0:
         print(_results_line(launch), flush=True)
+    elif job_ran:
+        gave_up = (f" (gave up after {len(attempts) - 1} restart(s), --max-restarts {config.max_restarts})"
+                   if restarts.restartable(attempts[-1]) and config.max_restarts else "")
+        resume = restarts.resume_command(config.run_id, config.extra_args, save)
+        print(redact_text(restarts.failure_line(attempts[-1], save, resume, run_dir / JOB_LOG, gave_up=gave_up),
+                          launch.secrets), file=sys.stderr, flush=True)
     return status
+
+
+def _watch_head(launch: _Launch):
+    """A GCS watch for a head of our own (a no-op context for an external cluster)."""
+    import contextlib
+
+    if launch.node is None:
+        watch = contextlib.nullcontext()
+        watch.cause = None
+        return watch
+    from miles.utils.external_utils.processes import end_token_processes
+
+    return restarts.HeadWatch(launch.node.gcs_address, lambda: end_token_processes(launch.token, grace_s=3.0))
+
+
+def _restart(launch: _Launch, record: LaunchRecord | None, config: ExecuteTrainConfig,
+             attempts: list[restarts.Attempt], save: str | None) -> tuple[_Launch, LaunchRecord | None]:
+    """End this attempt's cluster and prepare the next: a fresh head (external: the same cluster)
+    and the same train argv with --load <save> from the last committed checkpoint."""
+    previous = attempts[-1]
+    found = restarts.latest_checkpoint(save)
+    n = len(attempts) + 1
+    print(f"restart {n - 1}/{config.max_restarts}: {previous.cause}; relaunching run {config.run_id} "
+          + (f"from {found[1]} (rollout {found[0]}, resuming at {found[0] + 1})" if found
+             else "from the start (no committed checkpoint)"), file=sys.stderr, flush=True)
+    if record is not None:
+        stop_node(record, remove_temp_dir=False)
+    argv = list(launch.plan.argv) + (["--load", save] if found else [])
+    attempts.append(restarts.Attempt(n, load=save if found else None,
+                                     resumed_from_rollout=found[0] + 1 if found else None))
+    node = launch.node
+    if node is not None:
+        node = _head_spec(launch.token, launch.plan.num_gpus_per_node, False, launch.head_port)
+    entry = shlex.split(launch.job.entrypoint)[:2] + argv
+    job = dataclasses.replace(launch.job, address=node.job_server_url if node is not None else launch.job.address,
+                              entrypoint=shlex.join(entry), submission_id=f"{launch.job.submission_id}-a{n}")
+    plan = dataclasses.replace(launch.plan, argv=argv)
+    return dataclasses.replace(launch, plan=plan, job=job, node=node), None
 
 
 def _append_traceback(path: Path, secrets: list[str]) -> None:
@@ -369,8 +473,21 @@ def _sigterm_as_interrupt():
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    def on_sigterm(signum, frame):
+        _SIGNALS_RECEIVED.append(signal.Signals(signum).name)
+        signal.default_int_handler(signum, frame)
+
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
     try:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+_SIGNALS_RECEIVED: list[str] = []
+
+
+def _interrupted_cause() -> str:
+    how = _SIGNALS_RECEIVED[-1] if _SIGNALS_RECEIVED else "SIGINT (Ctrl-C)"
+    return (f"launcher (pid {os.getpid()}, node {master_addr()}) received {how}: the job was stopped "
+            f"[interrupted]")

@@ -1,0 +1,400 @@
+"""Faults: a deadline on every remote wait of the driver, one-line causes, and fault injection.
+
+Every `ray.get` the driver does on an actor goes through `wait_for(refs, actors, what)`:
+- it waits with a deadline (`Deadlines`): `--remote-timeout-s` for a kind of call not yet
+  measured (actor start, the first rollout), afterwards `max(--remote-timeout-min-s,
+  --remote-timeout-factor x the slowest such call so far)`;
+- it returns as soon as any actor dies (it never waits for the others: a surviving train rank may
+  be blocked in a collective with the dead one);
+- an actor that died, or did not answer in time, becomes a `RunFailure` naming the role, rank,
+  node and pid (from the `ROSTER`) and the cause as Ray reported it.
+
+`RunFailure.kind` says whether an automatic restart may help (`infrastructure`: an actor or node
+died, a deadline passed) or not (`deterministic`: an exception of ours, a NaN). The driver writes
+the failure to `<run_dir>/failure.json`; the launcher turns it into its last line and decides on a
+restart (`--max-restarts`).
+
+`--debug-fault KIND@ROLLOUT` injects one fault for the fault suite (docs/faults.md). It fires once
+per run directory: a marker under `<run_dir>/faults/` keeps a restarted attempt from firing it again.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+INFRASTRUCTURE = "infrastructure"
+DETERMINISTIC = "deterministic"
+FAILURE_FILE = "failure.json"
+
+# --debug-fault kinds: which actor, and what happens to it
+FAULT_KINDS = {
+    "train-kill": "a train rank SIGKILLs itself mid-step",
+    "engine-kill": "a rollout engine SIGKILLs itself mid-sampling",
+    "reward-kill": "a reward worker SIGKILLs itself while scoring",
+    "reward-hang": "a reward worker never answers (the deadline ends the run)",
+    "nan": "the loss becomes NaN (the bad update is never saved)",
+    "disk-full": "RLIMIT_FSIZE in the train rank during the save (writes fail with EFBIG)",
+    "slow-save": "the train rank sleeps 20 s inside the save (time to signal the launcher)",
+}
+
+
+class RunFailure(RuntimeError):
+    """One part of the run failed: who, where, why, and whether a restart may help."""
+
+    def __init__(self, role: str, rank: int | None, node: str, cause: str, kind: str, *, pid: int | None = None,
+                 what: str = "", rollout_id: int | None = None):
+        self.role, self.rank, self.node, self.cause_text, self.kind = role, rank, node, cause, kind
+        self.pid, self.what, self.rollout_id = pid, what, rollout_id
+        super().__init__(self.line())
+
+    def who(self) -> str:
+        rank = f" {self.rank}" if self.rank is not None else ""
+        pid = f", pid {self.pid}" if self.pid else ""
+        return f"{self.role}{rank} (node {self.node or '?'}{pid})"
+
+    def line(self) -> str:
+        during = f" during {self.what}" if self.what else ""
+        at = f" at rollout {self.rollout_id}" if self.rollout_id is not None else ""
+        return f"{self.who()} failed{during}{at}: {self.cause_text} [{self.kind}]"
+
+    def record(self) -> dict:
+        return {"role": self.role, "rank": self.rank, "node": self.node, "pid": self.pid, "cause": self.cause_text,
+                "kind": self.kind, "what": self.what, "rollout_id": self.rollout_id, "line": self.line()}
+
+
+class NonFiniteError(RunFailure):
+    """A loss or gradient norm became NaN/Inf: the update is not saved and the run stops."""
+
+
+# -- who is who ---------------------------------------------------------------------------------
+
+@dataclass
+class Member:
+    role: str
+    rank: int | None
+    node: str = ""
+    pid: int | None = None
+
+
+class Roster:
+    """Actor id -> (role, rank, node, pid), filled when actors start."""
+
+    def __init__(self) -> None:
+        self.members: dict[str, Member] = {}
+
+    @staticmethod
+    def key(actor: Any) -> str:
+        return actor._actor_id.hex()
+
+    def register(self, actors: Sequence[Any], role: str) -> None:
+        """Name the actors and ask each (in parallel) for its node and pid; call once they are ready."""
+        import ray
+
+        for rank, actor in enumerate(actors):
+            self.members[self.key(actor)] = Member(role, rank)
+        refs = [a.__ray_call__.remote(_where) for a in actors]
+        places = wait_for(refs, actors, "locate")
+        for actor, (node, pid) in zip(actors, places):
+            member = self.members[self.key(actor)]
+            member.node, member.pid = node, pid
+
+    def of(self, actor: Any, role: str = "actor") -> Member:
+        return self.members.get(self.key(actor)) or Member(role, None)
+
+    def record(self) -> list[dict]:
+        return [asdict(m) for m in self.members.values()]
+
+
+def _where(_self: Any) -> tuple[str, int]:
+    import ray
+
+    return ray.util.get_node_ip_address(), os.getpid()
+
+
+ROSTER = Roster()
+
+
+# -- deadlines ----------------------------------------------------------------------------------
+
+class Deadlines:
+    """How long the driver waits for each kind of remote call."""
+
+    def __init__(self, first_s: float = 1800.0, factor: float = 10.0, min_s: float = 120.0):
+        self.first_s, self.factor, self.min_s = first_s, factor, min_s
+        self.slowest: dict[str, float] = {}
+
+    @classmethod
+    def from_args(cls, args: Any) -> "Deadlines":
+        return cls(args.remote_timeout_s, args.remote_timeout_factor, args.remote_timeout_min_s)
+
+    def timeout(self, what: str) -> float:
+        if what not in self.slowest:
+            return self.first_s
+        return max(self.min_s, self.factor * self.slowest[what])
+
+    def explain(self, what: str) -> str:
+        if what not in self.slowest:
+            return f"--remote-timeout-s {self.first_s:g} (first {what})"
+        return (f"max(--remote-timeout-min-s {self.min_s:g}, --remote-timeout-factor {self.factor:g} x slowest "
+                f"{what} so far {self.slowest[what]:.2f}s)")
+
+    def measured(self, what: str, seconds: float) -> None:
+        self.slowest[what] = max(seconds, self.slowest.get(what, 0.0))
+
+
+DEADLINES = Deadlines()
+CURRENT_ROLLOUT: list[int | None] = [None]  # the rollout the driver is in, for the failure line
+
+
+def configure(args: Any) -> None:
+    global DEADLINES
+    DEADLINES = Deadlines.from_args(args)
+
+
+def _ray_cause(err: BaseException) -> str:
+    """Ray's reason for an actor death, on one line: the part after its boilerplate."""
+    text = str(getattr(err, "error_msg", "") or err)
+    lines = [l.strip() for l in text.splitlines() if l.strip()]
+    keep = [l for l in lines if not l.startswith(("The actor died unexpectedly", "class_name:", "actor_id:", "pid:",
+                                                  "ip:", "namespace:", "name:"))]
+    cause = " ".join(keep) or (lines[0] if lines else type(err).__name__)
+    for boilerplate in (" There are some potential root causes", " Some common causes include"):
+        cause = cause.split(boilerplate)[0]
+    cause = cause.replace("The actor is dead because its worker process has died. ", "its worker process died: ")
+    if "End of file" in cause or "connection error" in cause:
+        cause += " (the process vanished without exiting: a signal such as SIGKILL, the OOM killer, or a crash)"
+    return f"{type(err).__name__}: {cause}"
+
+
+def _field(err: BaseException, name: str) -> str:
+    for line in str(getattr(err, "error_msg", "") or err).splitlines():
+        line = line.strip()
+        if line.startswith(f"{name}:"):
+            return line.split(":", 1)[1].strip()
+    return ""
+
+
+def actor_failure(err: BaseException, member: Member, what: str) -> RunFailure:
+    node = _field(err, "ip") or member.node
+    pid = _field(err, "pid")
+    return RunFailure(member.role, member.rank, node, _ray_cause(err), INFRASTRUCTURE,
+                      pid=int(pid) if pid.isdigit() else member.pid, what=what, rollout_id=CURRENT_ROLLOUT[0])
+
+
+def _is_infrastructure(err: BaseException) -> bool:
+    import ray.exceptions as rex
+
+    kinds = tuple(k for k in (getattr(rex, n, None) for n in (
+        "RayActorError", "ActorDiedError", "ActorUnavailableError", "OutOfMemoryError", "NodeDiedError",
+        "WorkerCrashedError", "ObjectLostError", "OwnerDiedError", "ReferenceCountingAssertionError",
+        "LocalRayletDiedError", "RaySystemError")) if isinstance(k, type))
+    return isinstance(err, kinds) and not isinstance(err, rex.RayTaskError)
+
+
+def wait_for(refs: Sequence[Any], actors: Sequence[Any], what: str, *, deadlines: Deadlines | None = None) -> list:
+    """`ray.get(refs)` with a deadline; `actors[i]` is the actor answering `refs[i]`. The first
+    dead or silent actor raises RunFailure at once; an exception raised by our own code inside an
+    actor is re-raised as is (Ray's error is also an instance of the original exception class)."""
+    import ray
+
+    deadlines = deadlines or DEADLINES
+    refs = list(refs)
+    owner = {ref: actors[i] for i, ref in enumerate(refs)}
+    timeout = deadlines.timeout(what)
+    start = time.monotonic()
+    pending, results = list(refs), {}
+    while pending:
+        left = timeout - (time.monotonic() - start)
+        if left <= 0:
+            member = ROSTER.of(owner[pending[0]])
+            stuck = ", ".join(ROSTER.of(owner[r]).role + (f" {ROSTER.of(owner[r]).rank}" if ROSTER.of(owner[r]).rank
+                                                           is not None else "") for r in pending)
+            raise RunFailure(member.role, member.rank, member.node,
+                             f"no answer to {what} within {timeout:.1f}s (deadline {deadlines.explain(what)}; "
+                             f"still waiting on: {stuck})", INFRASTRUCTURE, pid=member.pid, what=what,
+                             rollout_id=CURRENT_ROLLOUT[0])
+        ready, pending = ray.wait(pending, num_returns=1, timeout=left)
+        for ref in ready:
+            try:
+                results[ref] = ray.get(ref)
+            except Exception as err:
+                if _is_infrastructure(err):
+                    raise actor_failure(err, ROSTER.of(owner[ref]), what) from err
+                try:  # an exception of ours inside the actor: keep its type, remember who raised it
+                    err.miles_member, err.miles_what = ROSTER.of(owner[ref]), what
+                except AttributeError:
+                    pass
+                raise
+    deadlines.measured(what, time.monotonic() - start)
+    return [results[r] for r in refs]
+
+
+# -- non-finite numbers -------------------------------------------------------------------------
+
+def check_finite(metrics: dict, rollout_id: int, keys: Sequence[str] = ("train/loss", "train/grad_norm")) -> None:
+    bad = {k: metrics[k] for k in keys if isinstance(metrics.get(k), float) and not math.isfinite(metrics[k])}
+    if bad:
+        member = next((m for m in ROSTER.members.values() if m.role == "train rank"), Member("train rank", 0))
+        raise NonFiniteError(member.role, member.rank, member.node,
+                             "non-finite " + ", ".join(f"{k}={v}" for k, v in bad.items())
+                             + "; the update is not saved", DETERMINISTIC, pid=member.pid, what="train",
+                             rollout_id=rollout_id)
+
+
+# -- the failure record -------------------------------------------------------------------------
+
+def classify(err: BaseException) -> RunFailure:
+    """Any exception that ended the driver, as a RunFailure (ours already are)."""
+    if isinstance(err, RunFailure):
+        return err
+    cause = err
+    while getattr(cause, "cause", None) is not None and cause.cause is not cause:
+        cause = cause.cause
+    lines = [l.strip() for l in str(cause).splitlines() if l.strip()]
+    text = f"{type(cause).__name__}: {lines[0] if lines else '(no message)'}"
+    import socket
+
+    try:
+        node = __import__("ray").util.get_node_ip_address()
+    except Exception:
+        node = socket.gethostname()
+    kind = INFRASTRUCTURE if _is_infrastructure_safe(err) else DETERMINISTIC
+    member = getattr(err, "miles_member", None)
+    if member is not None:  # raised inside an actor: name the actor
+        return RunFailure(member.role, member.rank, member.node, text, kind, pid=member.pid,
+                          what=getattr(err, "miles_what", ""), rollout_id=CURRENT_ROLLOUT[0])
+    return RunFailure("driver", None, node, text, kind, pid=os.getpid(), rollout_id=CURRENT_ROLLOUT[0])
+
+
+def _is_infrastructure_safe(err: BaseException) -> bool:
+    try:
+        return _is_infrastructure(err)
+    except ImportError:
+        return False
+
+
+def write_failure(run_dir: str | Path, failure: RunFailure, checkpoint: tuple[int, Path] | None) -> Path:
+    record = failure.record()
+    record["checkpoint"] = str(checkpoint[1]) if checkpoint else None
+    record["checkpoint_rollout_id"] = checkpoint[0] if checkpoint else None
+    record["time"] = time.time()
+    path = Path(run_dir) / FAILURE_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{FAILURE_FILE}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(record, indent=2) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def read_failure(run_dir: str | Path) -> dict | None:
+    try:
+        return json.loads((Path(run_dir) / FAILURE_FILE).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def disk_reason(directory: str | Path, size: int = 1 << 20) -> OSError | None:
+    """The OS's reason why writing under `directory` fails (ENOSPC, EFBIG, EROFS, ...), or None."""
+    probe = Path(directory) / ".write_probe"
+    try:
+        with open(probe, "wb") as fh:
+            fh.write(b"\0" * size)
+            fh.flush()
+            os.fsync(fh.fileno())
+        return None
+    except OSError as err:
+        return err
+    finally:
+        try:
+            probe.unlink()
+        except OSError:
+            pass
+
+
+# -- fault injection (--debug-fault) ------------------------------------------------------------
+
+def parse_fault(spec: str) -> tuple[str, int]:
+    """'engine-kill@1' -> ('engine-kill', 1); raises ValueError naming the kinds."""
+    kind, sep, rollout = (spec or "").partition("@")
+    if kind not in FAULT_KINDS or not sep or not rollout.isdigit():
+        raise ValueError(f"--debug-fault {spec!r}: expected KIND@ROLLOUT with KIND one of {', '.join(FAULT_KINDS)}")
+    return kind, int(rollout)
+
+
+def fault_due(args: Any, kind: str, rollout_id: int) -> bool:
+    """True once per run dir when `--debug-fault kind@rollout_id` is set; leaves the marker."""
+    spec = getattr(args, "debug_fault", None)
+    if not spec:
+        return False
+    want, at = parse_fault(spec)
+    if want != kind or at != rollout_id:
+        return False
+    marker = Path(args.run_dir) / "faults" / f"{kind}@{rollout_id}"
+    if marker.exists():
+        return False
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.write_text(f"{time.time()}\n")
+    return True
+
+
+_TARGET = {"train-kill": "trainer", "nan": "trainer", "disk-full": "trainer", "slow-save": "trainer",
+           "engine-kill": "engines", "reward-kill": "rewards", "reward-hang": "rewards"}
+
+
+def arm_for_rollout(args: Any, rollout_id: int, trainer: Any, rollout: Any) -> None:
+    """The driver, at the top of each rollout: arm the --debug-fault actor when its rollout comes."""
+    kind, _ = parse_fault(args.debug_fault)
+    if not fault_due(args, kind, rollout_id):
+        return
+    target = _TARGET[kind]
+    if target == "trainer":
+        actors = trainer.actors if trainer is not None else []
+    elif target == "engines":
+        actors = getattr(rollout, "engines", [])
+    else:
+        actors = getattr(getattr(rollout, "rewards", None), "workers", [])
+    if not actors:
+        raise ValueError(f"--debug-fault {args.debug_fault}: this run has no {target} to inject into")
+    print(f"fault injection: {kind} at rollout {rollout_id} ({FAULT_KINDS[kind]})", flush=True)
+    arm(actors[-1], kind)
+
+
+def arm(actor: Any, kind: str) -> None:
+    """Make `actor` carry out `kind` in its next call (sequential actors: this runs first)."""
+    wait_for([actor.__ray_call__.remote(_arm, kind)], [actor], "arm fault")
+
+
+def _arm(self: Any, kind: str) -> None:
+    self._miles_fault = kind
+
+
+def fire(actor_self: Any, kind: str | None = None) -> None:
+    """Called at the start of an injectable method: carry out the armed fault, if any."""
+    armed = getattr(actor_self, "_miles_fault", None)
+    if armed is None or (kind is not None and armed != kind):
+        return
+    actor_self._miles_fault = None
+    if armed == "reward-kill":  # scoring takes milliseconds: die inside the call, as an OOM kill would
+        os.kill(os.getpid(), signal.SIGKILL)
+    elif armed.endswith("-kill"):
+        # mid-call: let the method start its work (seconds of sampling or training), then die
+        threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGKILL)).start()
+    elif armed == "reward-hang":
+        while True:
+            time.sleep(3600)
+    elif armed == "disk-full":
+        import resource
+
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # writes past the limit fail with EFBIG instead
+        soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, hard))
+    elif armed == "slow-save":
+        time.sleep(20)
