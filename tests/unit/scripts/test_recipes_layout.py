@@ -154,9 +154,12 @@ def test_every_scale_assembles_flags_that_validate(path, scale, tmp_path, monkey
 
 @pytest.mark.parametrize("path", RECIPES, ids=_ids(RECIPES))
 def test_dry_run_imports_neither_torch_nor_ray(path, tmp_path):
+    # a GPU budget every recipe fits: this test is about imports; the memory plan's refusals are
+    # tested in tests/e2e/test_dry.py (a CPU recipe has no GPU budget to give)
+    budget = [] if path.stem.endswith("_cpu") else ["--extra-args", "--gpu-memory-gb 100000"]
     probe = (
         "import runpy, sys\n"
-        f"sys.argv = [{str(path)!r}, '--output-dir', {str(tmp_path)!r}]\n"
+        f"sys.argv = [{str(path)!r}, '--output-dir', {str(tmp_path)!r}, *{budget!r}]\n"
         "try:\n"
         f"    runpy.run_path({str(path)!r}, run_name='__main__')\n"
         "except SystemExit as exit:\n"
