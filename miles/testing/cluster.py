@@ -73,9 +73,11 @@ class LocalRayCluster:
         env[TOKEN_ENV] = self.token
         env["RAY_USAGE_STATS_ENABLED"] = "0"
         env["PYTHONUNBUFFERED"] = "1"
-        # A ~/.ray/auth_token left by any earlier command turns Ray's token auth on for some
-        # processes and not others (a worker then cannot join); this cluster is loopback-only.
-        env.setdefault("RAY_AUTH_MODE", "disabled")
+        # Always off for this loopback-only cluster, whatever the environment says: an in-process
+        # ray.init earlier in the same pytest worker finds ~/.ray/auth_token and writes
+        # RAY_AUTH_MODE=token into os.environ; inherited, it would lock the state API that
+        # wait_ready polls ("Missing authentication token": no node ever looks alive).
+        env["RAY_AUTH_MODE"] = "disabled"
         return env
 
     def _run(self, command: str) -> None:

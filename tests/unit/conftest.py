@@ -14,8 +14,18 @@ def local_ray():
     """
     ray = pytest.importorskip("ray")
     temp_dir = tempfile.mkdtemp(prefix="mr", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
+    # Explicitly off: otherwise ray.init, finding ~/.ray/auth_token, turns token auth on by writing
+    # RAY_AUTH_MODE=token into this process's os.environ, and every cluster a later test of this
+    # worker starts inherits it; our loopback clients then get "Missing authentication token" and
+    # see no nodes (the "second node never reported alive under the full suite" failures).
+    previous_auth_mode = os.environ.get("RAY_AUTH_MODE")
+    os.environ["RAY_AUTH_MODE"] = "disabled"
     ray.init(num_cpus=2, include_dashboard=False, _temp_dir=temp_dir, log_to_driver=False,
              runtime_env={"env_vars": {"PYTHONPATH": os.getcwd(), "OMP_NUM_THREADS": "1"}})
     yield ray
     ray.shutdown()
+    if previous_auth_mode is None:
+        os.environ.pop("RAY_AUTH_MODE", None)
+    else:
+        os.environ["RAY_AUTH_MODE"] = previous_auth_mode
     shutil.rmtree(temp_dir, ignore_errors=True)
