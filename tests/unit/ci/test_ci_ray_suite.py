@@ -176,6 +176,7 @@ def test_a_forty_case_suite_packs_onto_two_nodes_of_logical_gpus(cluster, tmp_pa
     cluster.ensure_gpu_nodes(2)
     assert len(cluster.gpu_nodes()) == 2, "this test plans for exactly 2 x 4 GPUs"
     entries = forty_cases()
+    idle = os.getloadavg()[0] < (os.cpu_count() or 1)
     proc, out = run_suite(cluster, tmp_path, entries, env_address=True)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     assert device_problems(entries, records(out, entries)) == []
@@ -189,7 +190,12 @@ def test_a_forty_case_suite_packs_onto_two_nodes_of_logical_gpus(cluster, tmp_pa
     # The summary's ratio divides by the bound of the *estimated* times; a loaded 2-core machine
     # stretches every case past its estimate, which no scheduler can undo. What the scheduler
     # owns is the packing: the makespan against the bound of the times the cases really took.
-    assert packing <= 1.10, summary
+    # On an idle machine that is within 10 %. Inside the full parallel suite (load 5-15 on two
+    # cores) each hand-over between cases costs a process start that can take a second, which
+    # measured 1.31 there; the looser bound still catches the unordered submission this dispatch
+    # replaced (1.45-1.7).
+    limit = 1.10 if idle else 1.40
+    assert packing <= limit, f"packing ratio {packing:.3f} > {limit} (idle machine: {idle})\n{summary}"
     logs = list((out / "logs").glob("*.log"))
     assert len(logs) == len(entries) and all("done" in p.read_text() for p in logs)
 

@@ -37,10 +37,14 @@ def test_sample_writes_a_grid_and_the_same_seed_gives_the_same_pixels(family, ch
     assert not np.array_equal(first, other)
 
 
-def test_sample_of_wan_without_the_second_guidance_scale_is_an_error(checkpoint, tmp_path):
-    with pytest.raises(ValueError, match="guidance-scale-2"):
+def test_sample_of_wan_without_the_second_guidance_scale_is_an_error(checkpoint, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit:
         main(["--hf-checkpoint", str(checkpoint("wan2_2")), "--prompt", "p", "--out", str(tmp_path / "x.png"),
               "--device", "cpu"])
+    assert exit.value.code == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "guidance-scale-2" in err[0]  # one line that names the flag
+    assert not (tmp_path / "x.png").exists()
 
 
 def test_image_grid_places_images_in_a_row_and_video_frames_along_each_row():

@@ -85,3 +85,10 @@ def test_script_path_is_found_from_a_subdirectory(tmp_path):
     case = RecipeCase.cpu("scripts/run_a.py")
     assert case.script_path(tmp_path / "tests") == tmp_path / "scripts" / "run_a.py"
     assert case.repo_root(tmp_path / "tests") == tmp_path
+
+
+def test_cpu_cases_share_their_workers_cluster_unless_they_ask_for_their_own_head():
+    assert RecipeCase.cpu("scripts/run_x.py").uses_shared_cluster
+    assert not RecipeCase.cpu("scripts/run_x.py", own_head=True).uses_shared_cluster
+    assert not RecipeCase.cpu("scripts/run_x.py", ray_nodes=2).uses_shared_cluster
+    assert not RecipeCase.gpu("scripts/run_x.py", gpus=1).uses_shared_cluster

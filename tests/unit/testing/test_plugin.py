@@ -17,8 +17,9 @@ DRY_TEST = REPO / "tests" / "e2e" / "test_dry.py"
 CASES_MODULE = textwrap.dedent('''
     from miles.testing import RecipeCase, Signal, parametrize_cases
     CASES = [
+        # own_head: the stand-in recipe starts no Ray, so it needs no shared cluster either
         RecipeCase.cpu("scripts/run_fixture.py", args=(), timeout={timeout}, metrics={metrics},
-                       signals={signals}),
+                       signals={signals}, own_head=True),
         RecipeCase.gpu("scripts/run_fixture.py", gpus=2, est_time=600, labels=("fixture",)),
     ]
 

@@ -138,8 +138,8 @@ FLAG_TESTS = {
     "--train-only": f"{R}::test_train_only_runs_no_rollout_engines",
     "--debug-skip-weight-update-at": f"{LOOP}::test_lora_parity_is_exact_when_synced_and_a_skipped_weight_push_breaks_it",
     "--debug-fault": "tests/e2e/test_faults.py::test_nan_loss_stops_the_run_before_the_update_is_saved_and_is_not_restarted",
-    "--remote-timeout-s": "tests/unit/ray/test_faults.py::test_remote_deadlines_start_at_the_first_timeout_then_scale_with_the_slowest_call",
-    "--remote-timeout-factor": "tests/unit/ray/test_faults.py::test_remote_deadlines_start_at_the_first_timeout_then_scale_with_the_slowest_call",
+    "--remote-timeout-s": "tests/unit/ray/test_fault_classification.py::test_remote_deadlines_start_at_the_first_timeout_then_scale_with_the_slowest_call",
+    "--remote-timeout-factor": "tests/unit/ray/test_fault_classification.py::test_remote_deadlines_start_at_the_first_timeout_then_scale_with_the_slowest_call",
     "--remote-timeout-min-s": "tests/e2e/test_faults.py::test_hung_reward_worker_ends_at_its_deadline_and_the_printed_command_resumes_exactly",
     # determinism
     "--deterministic-mode": f"{LOOP}::test_two_rank_full_runs_keep_parity_exact_repeat_bit_for_bit_and_eval_on_their_interval",
