@@ -57,7 +57,7 @@ def start_node(
     """`ray start` with the record's token in its environment; records the process groups.
 
     `inherited_env` reaches every worker and job on this node through the raylet's environment.
-    Ray's start-up banner (and its advice to run `ray stop`, which would end every Ray on the host)
+    Ray's start-up banner (and its advice to run Ray's stop-everything command, forbidden on a shared host)
     goes to `log_path` (default `<output_dir>/.launcher/<role>.log`), not to the terminal.
     """
     raise_open_files_limit()
