@@ -26,6 +26,7 @@ GPU layout (--scale full, 1 node, 5 GPUs):
 Scales (--scale):
     full       Qwen-Image and PickScore, 512 px, 32 prompts x 16 samples, 5 GPUs
     gpu-proxy  our proxy-size qwen_image and a tiny CLIP, 256 px, same 5-GPU layout
+    1gpu-proxy the gpu-proxy models on 1 GPU, shared by the train rank, its engine and PickScore
     cpu-proxy  our tiny qwen_image and tiny CLIP, 64 px, 2 CPU train ranks, CPU reward actor
 
 Example:
@@ -79,7 +80,11 @@ class _Scale:
     eval_interval: Optional[int]  # None: no eval
     save_interval: Optional[int]  # None: no checkpoints
     deterministic: bool
+    colocate_reward: bool = False  # the reward workers take REWARD_SHARE_OF_GPU of the train GPU
 
+
+# --scale 1gpu-proxy: rank, engine and reward workers share one GPU (0.5 / 0.25 / 0.25)
+REWARD_SHARE_OF_GPU = 0.25
 
 _SCALES: dict[str, _Scale] = {
     "full": _Scale(
@@ -94,6 +99,12 @@ _SCALES: dict[str, _Scale] = {
         rm_num_workers=4, num_prompts=64, num_rollout=4, eval_interval=None, save_interval=None,
         deterministic=True,
     ),
+    "1gpu-proxy": _Scale(
+        checkpoint_size="proxy", device="cuda", dtype="bfloat16", train_ranks=1, resolution=256, num_steps=10,
+        sde_window_max_start=3, rollout_batch_size=2, n_samples_per_prompt=8, tile_samples=8, reward_gpus=0,
+        rm_num_workers=1, num_prompts=64, num_rollout=2, eval_interval=None, save_interval=None,
+        deterministic=True, colocate_reward=True,
+    ),
     "cpu-proxy": _Scale(
         checkpoint_size="tiny", device="cpu", dtype="float32", train_ranks=2, resolution=64, num_steps=6,
         sde_window_max_start=2, rollout_batch_size=2, n_samples_per_prompt=4, tile_samples=2, reward_gpus=0,
@@ -103,15 +114,22 @@ _SCALES: dict[str, _Scale] = {
 }
 
 
+def reward_gpus_per_worker(scale: _Scale) -> float:
+    share = REWARD_SHARE_OF_GPU if scale.colocate_reward else scale.reward_gpus
+    return share / scale.rm_num_workers
+
+
 @dataclass
 class ScriptArgs(U.ExecuteTrainConfig):
-    scale: Literal["full", "gpu-proxy", "cpu-proxy"] = field(
+    scale: Literal["full", "gpu-proxy", "1gpu-proxy", "cpu-proxy"] = field(
         default="full",
         metadata={"help": "full: Qwen-Image and PickScore on 5 GPUs; gpu-proxy: our proxy-size qwen_image and a "
-                          "tiny CLIP on the same GPUs; cpu-proxy: our tiny qwen_image on CPU slots."},
+                          "tiny CLIP on the same GPUs; 1gpu-proxy: the same on one GPU; "
+                          "cpu-proxy: our tiny qwen_image on CPU slots."},
     )
     num_rollout: Optional[int] = field(
-        default=None, metadata={"help": "Rollouts to train; unset: 300 (full), 4 (gpu-proxy), 2 (cpu-proxy)."}
+        default=None,
+        metadata={"help": "Rollouts to train; unset: 300 (full), 4 (gpu-proxy), 2 (1gpu-proxy, cpu-proxy)."},
     )
     model_dir: str = field(
         default=str(U.REPO_ROOT / "models"),
@@ -189,8 +207,10 @@ def execute(args: ScriptArgs, assets: Assets) -> None:
     reward_args = (
         f"--rm-type pickscore --pickscore-model-path {assets.pickscore} "
         f"--rm-num-workers {scale.rm_num_workers} "
-        f"--rm-num-gpus-per-worker {scale.reward_gpus / scale.rm_num_workers:g} "
+        f"--rm-num-gpus-per-worker {reward_gpus_per_worker(scale):g} "
     )
+    if scale.colocate_reward:
+        reward_args += "--colocate-reward "
 
     engine_args = f"--rollout-num-gpus {scale.train_ranks} --rollout-num-gpus-per-engine 1 "
 

@@ -13,13 +13,16 @@ Prerequisites:
     None. `prepare()` creates the checkpoint under --model-dir and the prompt file under
     --data-dir on first use (deterministic, nothing downloaded) and reuses them afterwards.
 
-CPU layout (no GPU is used, even where one is present):
+CPU layout (the default, --device cpu; no GPU is used, even where one is present):
     a Ray head with CPU slots; one train rank with a rollout engine colocated on its slot
     (--train-ranks 2 for two data-parallel ranks), and one reward worker on a slice of a CPU.
+GPU layout (--device cuda, the nightly GPU smoke test): the same ranks and engines, one GPU
+    each, training and sampling in bfloat16 over float32 master weights; the reward stays on CPU.
 
 Example:
     python3 scripts/run_diffusion_grpo_tiny_cpu.py
     python3 scripts/run_diffusion_grpo_tiny_cpu.py --num-rollout 60 --extra-args "--lr 5e-4"
+    python3 scripts/run_diffusion_grpo_tiny_cpu.py --device cuda
     MILES_SCRIPT_ENABLE_RAY_SUBMIT=0 python3 scripts/run_diffusion_grpo_tiny_cpu.py --output-dir /tmp/dry
 The run writes metrics.jsonl, run.json, curves.png and last_rollout.png to <output-dir>/<run-id>/.
 Resume a killed run: the same --run-id plus --extra-args "--load <output-dir>/<run-id>/checkpoints".
@@ -27,7 +30,7 @@ Resume a killed run: the same --run-id plus --extra-args "--load <output-dir>/<r
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 import miles.utils.external_utils.command_utils as U
 
@@ -42,6 +45,10 @@ class ScriptArgs(U.ExecuteTrainConfig):
     )
     train_ranks: int = field(
         default=1, metadata={"help": "Data-parallel CPU train ranks, each with a rollout engine on its slot."}
+    )
+    device: Literal["cpu", "cuda"] = field(
+        default="cpu",
+        metadata={"help": "cpu: CPU slots, float32; cuda: one GPU per train rank, bfloat16 compute and rollout."},
     )
     seed: int = field(
         default=1234, metadata={"help": "Seed of the trainer (--seed) and of the rollouts (--rollout-seed)."}
@@ -105,7 +112,8 @@ def execute(args: ScriptArgs, assets: Assets) -> None:
 
     engine_args = f"--rollout-num-gpus {args.train_ranks} --rollout-num-gpus-per-engine 1 "
 
-    train_backend_args = "--param-dtype float32 --compute-dtype float32 --rollout-dtype float32 "
+    dtype = "bfloat16" if args.device == "cuda" else "float32"  # master weights stay float32
+    train_backend_args = f"--param-dtype float32 --compute-dtype {dtype} --rollout-dtype {dtype} "
 
     perf_args = (
         "--micro-batch-size-sample 8 --micro-batch-size-tstep 1 "
@@ -113,7 +121,7 @@ def execute(args: ScriptArgs, assets: Assets) -> None:
     )
 
     misc_args = (
-        f"--device cpu --actor-num-nodes 1 --actor-num-gpus-per-node {args.train_ranks} "
+        f"--device {args.device} --actor-num-nodes 1 --actor-num-gpus-per-node {args.train_ranks} "
         f"--num-gpus-per-node {args.train_ranks} --colocate "
         f"--seed {args.seed} --deterministic-mode "
         "--diffusion-debug-mode "  # log train/rollout parity (exactly 0.0 when healthy)
@@ -123,7 +131,8 @@ def execute(args: ScriptArgs, assets: Assets) -> None:
         ckpt_args, rollout_args, eval_args, grpo_args, optimizer_args, lora_args, reward_args, engine_args,
         train_backend_args, perf_args, misc_args, U.get_default_wandb_args(__file__, args.run_id),
     ])
-    U.execute_train(train_args=train_args, num_gpus_per_node=0, config=args)
+    num_gpus = args.train_ranks if args.device == "cuda" else 0
+    U.execute_train(train_args=train_args, num_gpus_per_node=num_gpus, config=args)
 
 
 @U.dataclass_cli

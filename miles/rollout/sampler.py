@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from miles.models.loader import DiffusionModel
-from miles.rollout.sde import largest_sigma_below_one, sde_step
+from miles.rollout.sde import largest_sigma_below_one, sde_step_on_host
 from miles.rollout.types import Conditioning, SampleRequest, SamplingParams, Trajectory
 
 
@@ -33,6 +33,14 @@ def guidance_scales(model: DiffusionModel, params: SamplingParams) -> dict[str, 
 
 def sigmas_for(model: DiffusionModel, params: SamplingParams) -> list[float]:
     return model.sigmas(params.num_steps, params.shift, params.height, params.width, params.num_frames)
+
+
+def expert_phases(model: DiffusionModel, params: SamplingParams) -> tuple[str, ...]:
+    """The expert of every denoising step under the checkpoint's own schedule (() with one expert)."""
+    if len(model.spec.transformer_components) < 2:
+        return ()
+    sigmas = sigmas_for(model, params)
+    return tuple(model.expert_for_step(sigmas, step) for step in range(params.num_steps))
 
 
 def sde_type_for(model: DiffusionModel, params: SamplingParams) -> str:
@@ -72,7 +80,8 @@ def _denoise(model: DiffusionModel, requests: list[SampleRequest], params: Sampl
             v = model.velocity(x, sigmas[k], cond, scales[expert], expert).cpu()
             noise = draw()
             kind = sde_type if k in trained else "ode"
-            step = sde_step(x, v, sigmas[k], sigmas[k + 1], params.noise_level, kind, noise=noise, sigma_max=sigma_max)
+            step = sde_step_on_host(x, v, sigmas[k], sigmas[k + 1], params.noise_level, kind, noise=noise,
+                                    sigma_max=sigma_max)
             x = step.x_next
             latents.append(x)
             log_probs.append(step.log_prob)

@@ -42,7 +42,10 @@ def _per_sample(value, x: torch.Tensor) -> torch.Tensor:
 
 
 def _mean_over_non_batch(t: torch.Tensor) -> torch.Tensor:
-    return t.mean(dim=tuple(range(1, t.ndim)))
+    # One reduction per sample, never one over the batch: a batched reduction may pick its order
+    # from the whole tensor's shape, and the engine's sampling batch and a train micro-batch differ
+    # in size; a row reduced alone is reduced the same way at any batch size (test_sde checks both).
+    return torch.stack([row.mean() for row in t.reshape(t.shape[0], -1)])
 
 
 def sde_step(
@@ -108,3 +111,24 @@ def sde_step(
     else:
         log_density = -(diff**2)
     return StepResult(x_next, mean, std, _mean_over_non_batch(log_density))
+
+
+def sde_step_on_host(x: torch.Tensor, v: torch.Tensor, sigma, sigma_next, noise_level: float, sde_type: str,
+                     noise: torch.Tensor | None = None, x_next: torch.Tensor | None = None, *,
+                     sigma_max: float | None = None) -> StepResult:
+    """`sde_step` computed on the CPU, its results returned on v's device.
+
+    The sampler and the trainer both step through here. The engine draws its noise on the CPU and
+    steps there; the trainer's model output lives on the GPU. The same elementwise math (sqrt, log,
+    divisions) rounds differently on a GPU, so a trainer stepping on the GPU recomputed each stored
+    step's log-prob 1e-7 away from the engine's with identical model outputs (seen on an H200).
+    Stepping on one device makes parity exact; the step is cheap next to the model.
+    """
+    def host(t):
+        return t.cpu() if isinstance(t, torch.Tensor) else t
+
+    step = sde_step(host(x), host(v), host(sigma), host(sigma_next), noise_level, sde_type, noise=host(noise),
+                    x_next=host(x_next), sigma_max=sigma_max)
+    if v.device.type == "cpu":
+        return step
+    return StepResult(*(t.to(v.device) for t in (step.x_next, step.mean, step.std, step.log_prob)))

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from miles.testing.cases import RecipeCase
+from miles.testing.invariants import PARITY_KEYS
 from miles.utils.phases import PHASES_ENV, breakdown, read_marks
 from miles.utils.external_utils import processes as _processes
 from miles.testing.dry import scrubbed_env, tail
@@ -223,6 +224,7 @@ class RecipeRun:
         """The per-run record written under MILES_RESULTS_DIR (docs/testing.md)."""
         thr = [v for v in self.series("perf/train_pairs_per_sec") if _finite(v)]
         mem = [v for v in self.series("perf/peak_memory_bytes") if _finite(v)]
+        parity = [abs(v) for key in PARITY_KEYS for v in self.series(key) if _finite(v)]
         record = {
             "nodeid": nodeid,
             "name": self.case.name,
@@ -231,6 +233,8 @@ class RecipeRun:
             "run_json": self.run_json,
             "throughput": {"last": thr[-1], "mean": sum(thr) / len(thr)} if thr else None,
             "peak_memory": max(mem) if mem else None,
+            # the largest train/rollout parity difference of any rollout (None: not probed)
+            "parity_max_diff": max(parity) if parity else None,
             "returncode": self.returncode,
             "timed_out": self.timed_out,
             "phases": [[label, round(seconds, 3)] for label, seconds in self.phases()],

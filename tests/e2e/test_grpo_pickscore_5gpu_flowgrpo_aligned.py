@@ -13,6 +13,9 @@ SIGNALS = (Signal("train/grad_norm", "positive"),)
 CASES = [
     RecipeCase.cpu(RECIPE, metrics=METRICS, signals=SIGNALS, est_time=90, labels=LABELS),
     RecipeCase.gpu(RECIPE, gpus=5, args=("--scale", "gpu-proxy"), est_time=1200, labels=LABELS),
+    # the GPU check's case (ci/gpu_check.sh): rank, engine and PickScore share one GPU
+    RecipeCase.gpu(RECIPE, gpus=1, args=("--scale", "1gpu-proxy"), variant="1gpu", signals=SIGNALS,
+                   est_time=300, timeout=420, labels=LABELS),
 ]
 
 

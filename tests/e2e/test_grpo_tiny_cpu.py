@@ -4,8 +4,9 @@ nightly GPU tier.
 The recipe has no --scale: it is CPU-sized already. Its CPU case starts its own Ray head
 (own_head=True), so the full launcher path (head start, submission, teardown) is exercised on
 every run of the suite; the other CPU cases share their worker's cluster. Its CPU tier is the recipe with two
-rollouts; its nightly case is the recipe's default run (30 rollouts) on the GPU node, where it
-still trains on CPU slots (one GPU is leased only as its scheduling slot).
+rollouts; its nightly case is the recipe's default run (30 rollouts) on one GPU (`--device cuda`:
+bfloat16 compute and rollout over float32 master weights), the GPU check's smoke test
+(`ci/gpu_check.sh`): parity exactly 0.0 and the reward rising.
 """
 
 from miles.testing import RecipeCase, Signal, parametrize_cases
@@ -18,7 +19,8 @@ SIGNALS = (Signal("rollout/reward/raw_mean", "rises"),)
 
 CASES = [
     RecipeCase.cpu(RECIPE, args=('--num-rollout', '2'), metrics=METRICS, own_head=True, signals=SIGNALS, est_time=90, labels=LABELS),
-    RecipeCase.gpu(RECIPE, gpus=1, args=('--num-rollout', '30'), est_time=1200, labels=LABELS),
+    RecipeCase.gpu(RECIPE, gpus=1, args=('--num-rollout', '30', '--device', 'cuda'), signals=SIGNALS,
+                   est_time=180, timeout=420, labels=LABELS),
 ]
 
 

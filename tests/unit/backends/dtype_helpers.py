@@ -1,15 +1,21 @@
-"""Tiny sd3 runs driven in process (no Ray) by the dtype, collectives and checkpointing tests."""
+"""Tiny sd3 runs driven in process (no Ray) by the dtype, collectives and checkpointing tests.
+
+MILES_TEST_DEVICE=cuda runs them on a GPU instead (ci/gpu_check.sh's first stage): the same
+train step, parity probe and weight push, with the GPU's kernels.
+"""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
 
 ASSETS = Path("/tmp/miles-test-assets-backends")
 
+DEVICE = os.environ.get("MILES_TEST_DEVICE", "cpu")
 TINY = ("--rollout-batch-size 2 --n-samples-per-prompt 2 --diffusion-height 64 --diffusion-width 64 "
-        "--diffusion-num-steps 4 --diffusion-num-sde-steps 2 --rm-type brightness --device cpu --lr 1e-3 "
+        f"--diffusion-num-steps 4 --diffusion-num-sde-steps 2 --rm-type brightness --device {DEVICE} --lr 1e-3 "
         "--diffusion-clip-range 1e-2 --diffusion-debug-mode --num-rollout 2 --num-steps-per-rollout 2")
 
 

@@ -1,12 +1,13 @@
 """The SDE/ODE/CPS step against numbers worked out by hand from DESIGN section 5."""
 
 import math
+import os
 import pickle
 
 import pytest
 import torch
 
-from miles.rollout.sde import largest_sigma_below_one, sde_step
+from miles.rollout.sde import SDE_TYPES, largest_sigma_below_one, sde_step, sde_step_on_host
 from miles.rollout.types import Conditioning, Trajectory
 
 
@@ -110,3 +111,48 @@ def test_trajectory_and_conditioning_pickle_round_trip():
     back = pickle.loads(pickle.dumps(t))
     assert torch.equal(back.cond.positive["encoder_hidden_states"], one.positive["encoder_hidden_states"])
     assert back.num_steps == 2
+
+
+@pytest.mark.parametrize("sde_type", SDE_TYPES)
+def test_a_samples_log_prob_does_not_depend_on_the_batch_it_is_computed_in(sde_type):
+    # The engine scores a sample inside its sampling batch, the trainer inside a micro-batch of
+    # another size; parity needs the same bits. On a GPU a batched reduction's order depends on
+    # the batch (6e-8 apart on an H200): ci/gpu_check.sh runs this with MILES_TEST_DEVICE=cuda.
+    device = os.environ.get("MILES_TEST_DEVICE", "cpu")
+    gen = torch.Generator().manual_seed(0)
+    x, v, noise = (torch.randn(16, 16, 2, 64, 64, generator=gen).to(device) for _ in range(3))
+    sigma = torch.rand(16, generator=gen).to(device) * 0.5 + 0.4
+    sigma_next = sigma - 0.1
+    whole = sde_step(x, v, sigma, sigma_next, 0.7, sde_type, noise=noise)
+    for size in (1, 3, 8):
+        part = sde_step(x[:size], v[:size], sigma[:size], sigma_next[:size], 0.7, sde_type,
+                        x_next=whole.x_next[:size])
+        assert torch.equal(part.log_prob, whole.log_prob[:size]), (size, part.log_prob - whole.log_prob[:size])
+
+
+def test_the_sampler_and_the_trainer_step_through_the_host_step():
+    # parity needs both sides to step on one device (sde_step_on_host): the engine in
+    # sampler._denoise and the trainer in TrainRank._step must both call it
+    import miles.backends.actor as actor
+    import miles.rollout.sampler as sampler
+    from miles.rollout import sde
+
+    for module in (actor, sampler):
+        assert module.sde_step_on_host is sde.sde_step_on_host
+        assert "sde_step" not in vars(module), f"{module.__name__} steps without sde_step_on_host"
+
+
+def test_the_host_step_equals_the_cpu_step_and_returns_on_the_models_device():
+    # with MILES_TEST_DEVICE=cuda (ci/gpu_check.sh) the model output is on the GPU, as in a trainer
+    device = os.environ.get("MILES_TEST_DEVICE", "cpu")
+    gen = torch.Generator().manual_seed(3)
+    x, v, x_next = (torch.randn(4, 3, 8, 8, generator=gen) for _ in range(3))
+    sigma, sigma_next = torch.full((4,), 0.8), torch.full((4,), 0.7)
+    on_cpu = sde_step(x, v, sigma, sigma_next, 0.7, "sde", x_next=x_next)
+    v_model = v.to(device).requires_grad_(True)
+    hosted = sde_step_on_host(x.to(device), v_model, sigma.to(device), sigma_next.to(device), 0.7, "sde",
+                              x_next=x_next.to(device))
+    assert hosted.log_prob.device == v_model.device and hosted.mean.device == v_model.device
+    assert torch.equal(hosted.log_prob.cpu(), on_cpu.log_prob)  # the engine's bits, wherever the model runs
+    hosted.log_prob.sum().backward()
+    assert v_model.grad is not None and v_model.grad.abs().sum() > 0
