@@ -48,8 +48,10 @@ from miles.backends.sft import SFTBatch, SFTRankStep
 from miles.backends.types import RolloutBatch, TrainResult
 from miles.backends.weight_sync import WeightUpdate, collect_weight_updates, sync_components
 from miles.utils import phases
-from miles.rollout.sde import largest_sigma_below_one, sde_step
-from miles.rollout.types import Conditioning
+from miles.rollout.sampler import expert_phases
+from miles.rollout.sde import largest_sigma_below_one, sde_step_on_host
+from miles.rollout.types import Conditioning, SamplingParams
+from miles.utils.batch_rules import ConfigError, high_noise_step_count
 from miles.utils.batching import Pair, expand_pairs, rank_schedule, shard_pairs
 
 # CPU kernels may split reductions by thread count, so engines and ranks must use the same one
@@ -99,6 +101,7 @@ class TrainRank:
         # the model forwards run on: the master model itself, or its copy in the compute dtype
         self.fmodel = self.model if compute_dtype == param_dtype else load_model(
             args.hf_checkpoint, family=args.diffusion_model_family, device=self.device, dtype=compute_dtype)
+        self._check_expert_phases()
         sft = args.loss_type == "sft_loss"
         for model in {id(m): m for m in (self.model, self.fmodel)}.values():
             if not sft or model is not self.fmodel:  # rollouts carry their conditioning; only SFT encodes prompts
@@ -129,6 +132,21 @@ class TrainRank:
         self.custom_loss = load_custom_loss(args.custom_loss_function_path) if args.custom_loss_function_path else None
         self.sft = SFTRankStep(self) if args.loss_type == "sft_loss" else None
         phases.actor_ready(f"train rank {self.rank}")
+
+    def _check_expert_phases(self) -> None:
+        """The plan kept each micro-batch on one expert using the family's default schedule, since
+        validation opens no checkpoint; the checkpoint's scheduler config decides what the engines
+        run. Where the two put the expert boundary at different steps, stop before training."""
+        planned = tuple(self.plan.experts)
+        if not planned:
+            return
+        actual = expert_phases(self.model, SamplingParams.from_args(self.args))
+        if actual != planned:
+            raise ConfigError(
+                f"{self.args.hf_checkpoint}: its scheduler config puts the expert boundary after step "
+                f"{high_noise_step_count(actual)} of {len(actual)}, the batch plan (the {self.model.family} default "
+                f"shift) after step {high_noise_step_count(planned)}; fix: pass --diffusion-shift with the "
+                f"checkpoint's shift so the plan and the engines use one schedule")
 
     def _compute_params(self) -> dict[str, torch.nn.Parameter]:
         """The compute copy's trained tensors, by the master's names; LoRA attached as an engine attaches it."""
@@ -226,8 +244,9 @@ class TrainRank:
 
     @staticmethod
     def _step(ctx: "_StepContext", v: torch.Tensor):
-        step = sde_step(ctx.x, v, ctx.sigma, ctx.sigma_next, ctx.noise_level, ctx.sde_type,
-                        x_next=ctx.x_next, sigma_max=ctx.sigma_max)
+        # on the host, as the engine stepped (sde_step_on_host says why)
+        step = sde_step_on_host(ctx.x, v, ctx.sigma, ctx.sigma_next, ctx.noise_level, ctx.sde_type,
+                                x_next=ctx.x_next, sigma_max=ctx.sigma_max)
         step.v = v
         return step
 
