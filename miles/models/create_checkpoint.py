@@ -73,7 +73,8 @@ def _write_checkpoint(family: str, size: str, seed: int, out: Path) -> None:
             fit_vae(built, seed=component_seed)
         built.save_pretrained(out / name)
         index[name] = [component.library, component.class_name]
-    scheduler = FlowMatchEulerDiscreteScheduler(**spec.module.scheduler_config())
+    # from_config keeps keys the class does not take (Cosmos2's EDM sigma_min/sigma_max), as released configs do
+    scheduler = FlowMatchEulerDiscreteScheduler.from_config(spec.module.scheduler_config())
     scheduler.save_pretrained(out / "scheduler")
     index["scheduler"] = ["diffusers", "FlowMatchEulerDiscreteScheduler"]
     (out / "model_index.json").write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")

@@ -21,7 +21,9 @@ from miles.models.runtime import quiet_libraries
 from miles.models.registry import FamilySpec, detect_family, get_family
 from miles.rollout.types import Conditioning
 from miles.utils.families import get_family_facts
-from miles.utils.schedule import calculate_shift, expert_index_for_step, flow_match_config, flow_match_sigmas
+from miles.utils.schedule import (
+    calculate_shift, edm_flow_sigmas, expert_index_for_step, flow_match_config, flow_match_sigmas,
+)
 
 quiet_libraries()
 logger = logging.getLogger(__name__)
@@ -101,7 +103,8 @@ class DiffusionModel:
         self.text_encoders = {n: m for n, m in parts.items() if n.startswith("text_encoder") and m is not None}
         self.vae = parts["vae"]
         self.scheduler = parts["scheduler"]
-        self.scheduler_config = flow_match_config(read_scheduler_config(path))
+        self.edm = spec.module.facts.edm_sigmas  # the pipeline samples in EDM coordinates (Cosmos2)
+        self.scheduler_config = flow_match_config(read_scheduler_config(path), edm=self.edm)
         self._warned_shift: set[float] = set()
 
     # -- conditioning -------------------------------------------------------------------------
@@ -141,6 +144,10 @@ class DiffusionModel:
         `shift` (--diffusion-shift) replaces the config's shift and turns dynamic shifting off;
         the resolution is needed when the config shifts dynamically (mu from the sequence length).
         """
+        if self.edm:
+            if shift is not None:
+                raise ValueError(f"{self.family} samples Karras (EDM) sigmas, which no shift changes: drop --diffusion-shift")
+            return edm_flow_sigmas(self.scheduler_config, num_steps)
         config = self._config_with_shift(shift)
         mu = None
         if config["use_dynamic_shifting"]:
@@ -200,6 +207,15 @@ class DiffusionModel:
                 out = self.spec.module.guide(out, uncond, guidance_scale)
             outputs.append(out)
         return torch.cat(outputs)
+
+    def initial_latents(self, noise: torch.Tensor, sigmas: list[float]) -> torch.Tensor:
+        """The first state from standard normal noise: the noise itself at sigma 1; an EDM pipeline
+        starts from sigma_max * noise, which in flow coordinates is sigmas[0] * noise."""
+        return noise * sigmas[0] if self.edm else noise
+
+    def pipeline_latents(self, x: torch.Tensor, sigma: float) -> torch.Tensor:
+        """Latents as the pipeline decodes them: an EDM pipeline's x_edm = x_flow / (1 - t)."""
+        return x / (1.0 - sigma) if self.edm else x
 
     # -- pixels -------------------------------------------------------------------------------
 

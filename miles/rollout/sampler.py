@@ -72,7 +72,7 @@ def _denoise(model: DiffusionModel, requests: list[SampleRequest], params: Sampl
     generators = [torch.Generator().manual_seed(r.seed) for r in requests]
     draw = lambda: torch.stack([torch.randn(shape, generator=g) for g in generators])  # noqa: E731
 
-    x = draw()
+    x = model.initial_latents(draw(), sigmas)
     latents, log_probs, outputs, experts, step_scales = [x], [], [], [], []
     with torch.no_grad():
         for k in range(params.num_steps):
@@ -89,7 +89,7 @@ def _denoise(model: DiffusionModel, requests: list[SampleRequest], params: Sampl
             step_scales.append(scales[expert])
             if debug:
                 outputs.append(v)
-        images = model.decode(x)
+        images = model.decode(model.pipeline_latents(x, sigmas[-1]))
 
     cond = cond.to("cpu")
     stacked = torch.stack(latents, dim=1)  # [B, N + 1, ...]

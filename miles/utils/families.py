@@ -24,6 +24,9 @@ class FamilyFacts:
     default_sde_type: str
     lora_target_modules: tuple[str, ...]
     boundary_ratio: float | None = None  # Wan2.2: `transformer` owns t >= ratio * num_train_timesteps
+    # Cosmos2: EDM (Karras) sigmas whose last step holds at sigma_min, so it has no length (and no
+    # SDE noise to train on); the shift does not change them
+    edm_sigmas: bool = False
 
     @property
     def num_experts(self) -> int:
@@ -41,7 +44,8 @@ FAMILIES: dict[str, FamilyFacts] = {
                     ("transformer", "transformer_2"), 12.0, "sde", _ATTENTION + ("ffn.net.0.proj", "ffn.net.2"),
                     boundary_ratio=0.875),
         FamilyFacts("ltx", ("ltx",), True, False, ("transformer",), 3.0, "cps", _ATTENTION),
-        FamilyFacts("cosmos3", ("cosmos3", "cosmos-3", "cosmos"), False, True, ("transformer",), 3.0, "sde", _ATTENTION),
+        FamilyFacts("cosmos3", ("cosmos3", "cosmos-3", "cosmos"), False, True, ("transformer",), 3.0, "sde", _ATTENTION,
+                    edm_sigmas=True),
     )
 }
 

@@ -9,6 +9,10 @@ from 1 to the scheduler's own minimum, then shifted), `True` passes `sigmas=lins
 the latent sequence length (`calculate_shift`). sigma runs from 1 to 0 (the appended terminal);
 step k goes from sigmas[k] to sigmas[k + 1].
 
+`edm_flow_sigmas` is Cosmos2TextToImagePipeline's schedule: EDM sigmas (Karras, from `sigma_max`
+to `sigma_min`, the last step held at `sigma_min`) as the flow-matching times t = s / (1 + s) the
+transformer is called with.
+
 The validator uses `sigma_schedule(num_steps, shift)`, the same function with a plain
 `FlowMatchEulerDiscreteScheduler(shift=shift)` config, so the plan places Wan2.2 experts where the
 sampler does for a checkpoint whose scheduler has that config.
@@ -41,12 +45,20 @@ def _same(x: float) -> float:
     return x
 
 
-def flow_match_config(config: dict[str, Any]) -> dict[str, Any]:
+# what an EDM-coordinates pipeline (Cosmos2) reads from the scheduler config beside FlowMatchEuler's own
+EDM_KEYS = ("sigma_min", "sigma_max", "sigma_data", "final_sigmas_type")
+KARRAS_RHO = 7.0
+
+
+def flow_match_config(config: dict[str, Any], *, edm: bool = False) -> dict[str, Any]:
     """A scheduler_config.json as the FlowMatchEulerDiscreteScheduler config the sampler runs.
 
     A flow-sigma scheduler of another kind (UniPC/DPM++ with `flow_shift`, as Wan releases) maps
     to a FlowMatchEuler scheduler with `shift = flow_shift`: the SDE sampler needs one Euler-type
-    step per sigma pair, which a multistep solver is not."""
+    step per sigma pair, which a multistep solver is not. `edm`: the family's pipeline samples in
+    EDM coordinates (Cosmos2), whose config must use Karras sigmas between sigma_min and sigma_max."""
+    if edm:
+        return _edm_config(config)
     cls = config.get("_class_name", "FlowMatchEulerDiscreteScheduler")
     if cls == "FlowMatchEulerDiscreteScheduler":
         merged = {**FLOW_MATCH_DEFAULTS, **{k: v for k, v in config.items() if k in FLOW_MATCH_DEFAULTS}}
@@ -59,6 +71,38 @@ def flow_match_config(config: dict[str, Any]) -> dict[str, Any]:
     if bad:
         raise ValueError(f"scheduler options {bad} are not supported by the flow-matching sampler")
     return merged
+
+
+def _edm_config(config: dict[str, Any]) -> dict[str, Any]:
+    merged = {**FLOW_MATCH_DEFAULTS, **{k: v for k, v in config.items() if k in FLOW_MATCH_DEFAULTS or k in EDM_KEYS}}
+    missing = [k for k in ("sigma_min", "sigma_max") if merged.get(k) is None]
+    if not merged["use_karras_sigmas"] or missing:
+        raise ValueError(f"an EDM-coordinates scheduler needs use_karras_sigmas and sigma_min/sigma_max "
+                         f"(Cosmos2TextToImagePipeline's config); this one has use_karras_sigmas="
+                         f"{merged['use_karras_sigmas']}, missing {missing}")
+    bad = [k for k in ("invert_sigmas", "use_exponential_sigmas", "use_beta_sigmas", "use_dynamic_shifting",
+                       "stochastic_sampling") if merged[k]]
+    if bad:
+        raise ValueError(f"scheduler options {bad} are not supported with EDM (Karras) sigmas")
+    return merged
+
+
+def edm_flow_sigmas(config: dict[str, Any], num_steps: int) -> list[float]:
+    """Cosmos2TextToImagePipeline's schedule as flow-matching times, num_steps + 1 float32 values.
+
+    The pipeline's EDM sigmas are Karras's (rho 7) from sigma_max down to sigma_min (the shift of
+    its linspace input is ignored by the Karras conversion); with `final_sigmas_type: sigma_min` the
+    terminal sigma is sigma_min again, so the last step holds still. Each becomes the time the
+    transformer sees, t = s / (s + 1) in float32, and a flow Euler step between two such times is
+    the pipeline's EDM Euler step in the coordinates x_flow = x_edm / (1 + s).
+    """
+    if num_steps < 1:
+        raise ValueError(f"num_steps must be >= 1, got {num_steps}")
+    config = _edm_config(config)
+    lo, hi = config["sigma_min"] ** (1 / KARRAS_RHO), config["sigma_max"] ** (1 / KARRAS_RHO)
+    sigmas = [_f32((hi + r * (lo - hi)) ** KARRAS_RHO) for r in _linspace(0.0, 1.0, num_steps)]
+    terminal = sigmas[-1] if config.get("final_sigmas_type", "zero") == "sigma_min" else 0.0
+    return [_f32(s / _f32(s + 1.0)) for s in sigmas + [terminal]]
 
 
 def calculate_shift(seq_len: int, config: dict[str, Any]) -> float:

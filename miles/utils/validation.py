@@ -17,7 +17,7 @@ from argparse import Namespace
 from dataclasses import dataclass
 
 from miles.utils.batch_rules import (
-    DOTTED_PATH, ConfigError, compute_batch_plan, family_of, train_gpus,
+    DOTTED_PATH, ConfigError, compute_batch_plan, family_of, train_gpus, trainable_steps,
 )
 from miles.utils.batching import BatchPlan
 from miles.utils.families import FamilyFacts
@@ -80,8 +80,24 @@ def has_rollout_engines(ns: Namespace) -> bool:
 def check_cross_flag_rules(ns: Namespace, family: FamilyFacts) -> None:
     for rule in (_run_length, _checkpointing, _lora_flags, _run_modes, _kl_reference, _reward_source,
                  _dotted_paths, _prompt_data, _learning_rates, _microgroups, _target_modules, _dtypes,
-                 _unimplemented_values, _gpu_memory):
+                 _unimplemented_values, _gpu_memory, _edm_schedule):
         rule(ns, family)
+
+
+def _edm_schedule(ns: Namespace, family: FamilyFacts) -> None:
+    """Cosmos2's Karras sigmas: a shift changes nothing, and the held last step cannot be trained."""
+    if not family.edm_sigmas:
+        return
+    if ns.diffusion_shift is not None:
+        raise ConfigError(f"--diffusion-shift {ns.diffusion_shift}: {family.name} samples the Karras (EDM) sigmas of "
+                          f"its scheduler config, which no shift changes; fix: drop --diffusion-shift")
+    last = ns.diffusion_num_steps - 1
+    renoising = ns.loss_type in ("sft_loss", "nft")  # train at a sigma, not on a recorded SDE step
+    if not renoising and last in trainable_steps(ns):
+        raise ConfigError(f"step {last}, the last of --diffusion-num-steps {ns.diffusion_num_steps}, may be trained, "
+                          f"but {family.name}'s schedule holds it at sigma_min (a step of length 0, no SDE noise); "
+                          f"fix: end the trained steps earlier (e.g. a smaller --diffusion-sde-window-max-start) or "
+                          f"raise --diffusion-num-steps")
 
 
 def _unimplemented_values(ns: Namespace, family: FamilyFacts) -> None:

@@ -1,10 +1,18 @@
 """Cosmos (Predict2-style text-to-image): CosmosTransformer3DModel over the Wan VAE, T5 encoder.
 
 Images are one-frame videos to the transformer and the VAE; latents stay [C, h, w] otherwise.
-The transformer output is used as the velocity directly (our checkpoints are trained that way);
-a released Cosmos checkpoint's EDM-style preconditioning is not reproduced here, so this family
-does not yet match Cosmos2TextToImagePipeline: that pipeline samples in EDM coordinates
-(x / (1 - t), Karras sigmas up to `sigma_max`, c_in/c_skip/c_out, guidance `cond + g (cond - uncond)`).
+
+Cosmos2TextToImagePipeline samples in EDM coordinates: Karras sigmas s from `sigma_max` (80) to
+`sigma_min` (0.002, held for the last step), latents x_edm starting at sigma_max * noise, the
+transformer called on x_edm * c_in at time t = s / (s + 1), its output turned into a denoised
+estimate c_skip x_edm + c_out out, guidance `cond + g (cond - uncond)` on that estimate, and an EDM
+Euler step. With c_in = c_skip = 1 - t and c_out = -t this is exactly a flow-matching sampler in
+x = x_edm / (1 + s) = x_edm (1 - t) whose velocity is the transformer output: the estimate is
+x - t out, and the EDM Euler step from s to s' is the flow Euler step from t to t'. So this family
+runs the ordinary flow sampler on those times (`miles.utils.schedule.edm_flow_sigmas`), starts
+from t_0 * noise, guides with `cond + g (cond - uncond)` (the pipeline's formula, g > 1 only) and
+decodes x / (1 - t_final) as the pipeline decodes x_edm; the SDE branch keeps Flow-GRPO's math in
+these coordinates. tests/unit/models/test_pipeline_parity.py compares it with the pipeline.
 """
 
 from __future__ import annotations
@@ -45,6 +53,16 @@ class Cosmos3(FamilyModule):
             "tokenizer": ComponentSpec("transformers", "PreTrainedTokenizerFast", {"model_max_length": max_len}),
             "vae": wan_vae(size, z),
         }
+
+    def scheduler_config(self):
+        # Cosmos-Predict2's scheduler_config.json: FlowMatchEuler carrying EDM's Karras sigmas
+        return {"num_train_timesteps": 1000, "shift": 1.0, "use_karras_sigmas": True, "sigma_min": 0.002,
+                "sigma_max": 80.0, "sigma_data": 1.0, "final_sigmas_type": "sigma_min"}
+
+    def guide(self, cond, uncond, scale):
+        # the pipeline's `noise_pred + g (noise_pred - noise_pred_uncond)` on the denoised estimates,
+        # which is the same formula on velocities (the estimate is affine in the output)
+        return cond + scale * (cond - uncond)
 
     def encode(self, parts, prompts, max_sequence_length):
         hidden, _ = encode_with_mask(parts, prompts, max_sequence_length)

@@ -427,3 +427,21 @@ def test_compute_batch_plan_leaves_the_namespace_alone():
     before = vars(ns).copy()
     assert compute_batch_plan(ns).global_batch_size == 128
     assert vars(ns) == before
+
+
+COSMOS = ["--hf-checkpoint", "/ckpt/cosmos3-tiny", "--num-rollout", "2", "--rm-type", "brightness",
+          "--prompt-data", "prompts.jsonl", "--diffusion-num-steps", "6", "--diffusion-step-strategy-path",
+          "sde_window", "--diffusion-num-sde-steps", "2"]
+
+
+def test_cosmos_refuses_a_shift_its_karras_sigmas_ignore():
+    refused(r"--diffusion-shift 3.0: cosmos3 samples the Karras \(EDM\) sigmas .* fix: drop --diffusion-shift",
+            "--diffusion-shift", "3.0", base=COSMOS)
+
+
+def test_cosmos_refuses_training_its_held_last_step_and_accepts_earlier_windows():
+    refused(r"step 5, the last of --diffusion-num-steps 6, may be trained, but cosmos3's schedule holds it at "
+            r"sigma_min .* fix: end the trained steps earlier", "--diffusion-sde-window-max-start", "4", base=COSMOS)
+    assert plan("--diffusion-sde-window-max-start", "3", base=COSMOS).trainable_steps == (0, 1, 2, 3, 4)
+    # a renoising loss trains at a sigma, not on a recorded step: the last one is fine there
+    plan("--loss-type", "nft", "--diffusion-sde-window-max-start", "4", base=COSMOS)
