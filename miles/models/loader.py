@@ -19,7 +19,7 @@ from safetensors import safe_open
 
 from miles.models.runtime import quiet_libraries
 from miles.models.registry import FamilySpec, detect_family, get_family
-from miles.rollout.types import Conditioning
+from miles.models.conditioning import Conditioning
 from miles.utils.families import get_family_facts
 from miles.utils.schedule import (
     calculate_shift, edm_flow_sigmas, expert_index_for_step, flow_match_config, flow_match_sigmas,

@@ -23,27 +23,17 @@ from __future__ import annotations
 import json
 import math
 import os
-import signal
-import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+from miles.utils.debug_faults import FAULT_KINDS, _arm, fault_due, parse_fault
+
 INFRASTRUCTURE = "infrastructure"
 DETERMINISTIC = "deterministic"
 FAILURE_FILE = "failure.json"
 
-# --debug-fault kinds: which actor, and what happens to it
-FAULT_KINDS = {
-    "train-kill": "a train rank SIGKILLs itself mid-step",
-    "engine-kill": "a rollout engine SIGKILLs itself mid-sampling",
-    "reward-kill": "a reward worker SIGKILLs itself while scoring",
-    "reward-hang": "a reward worker never answers (the deadline ends the run)",
-    "nan": "the loss becomes NaN (the bad update is never saved)",
-    "disk-full": "RLIMIT_FSIZE in the train rank during the save (writes fail with EFBIG)",
-    "slow-save": "the train rank sleeps 20 s inside the save (time to signal the launcher)",
-}
 
 
 class RunFailure(RuntimeError):
@@ -319,31 +309,7 @@ def disk_reason(directory: str | Path, size: int = 1 << 20) -> OSError | None:
             pass
 
 
-# -- fault injection (--debug-fault) ------------------------------------------------------------
-
-def parse_fault(spec: str) -> tuple[str, int]:
-    """'engine-kill@1' -> ('engine-kill', 1); raises ValueError naming the kinds."""
-    kind, sep, rollout = (spec or "").partition("@")
-    if kind not in FAULT_KINDS or not sep or not rollout.isdigit():
-        raise ValueError(f"--debug-fault {spec!r}: expected KIND@ROLLOUT with KIND one of {', '.join(FAULT_KINDS)}")
-    return kind, int(rollout)
-
-
-def fault_due(args: Any, kind: str, rollout_id: int) -> bool:
-    """True once per run dir when `--debug-fault kind@rollout_id` is set; leaves the marker."""
-    spec = getattr(args, "debug_fault", None)
-    if not spec:
-        return False
-    want, at = parse_fault(spec)
-    if want != kind or at != rollout_id:
-        return False
-    marker = Path(args.run_dir) / "faults" / f"{kind}@{rollout_id}"
-    if marker.exists():
-        return False
-    marker.parent.mkdir(parents=True, exist_ok=True)
-    marker.write_text(f"{time.time()}\n")
-    return True
-
+# -- fault injection (--debug-fault; the kinds and the failures: miles.utils.debug_faults) -----
 
 _TARGET = {"train-kill": "trainer", "nan": "trainer", "disk-full": "trainer", "slow-save": "trainer",
            "engine-kill": "engines", "reward-kill": "rewards", "reward-hang": "rewards"}
@@ -370,31 +336,3 @@ def arm_for_rollout(args: Any, rollout_id: int, trainer: Any, rollout: Any) -> N
 def arm(actor: Any, kind: str) -> None:
     """Make `actor` carry out `kind` in its next call (sequential actors: this runs first)."""
     wait_for([actor.__ray_call__.remote(_arm, kind)], [actor], "arm fault")
-
-
-def _arm(self: Any, kind: str) -> None:
-    self._miles_fault = kind
-
-
-def fire(actor_self: Any, kind: str | None = None) -> None:
-    """Called at the start of an injectable method: carry out the armed fault, if any."""
-    armed = getattr(actor_self, "_miles_fault", None)
-    if armed is None or (kind is not None and armed != kind):
-        return
-    actor_self._miles_fault = None
-    if armed == "reward-kill":  # scoring takes milliseconds: die inside the call, as an OOM kill would
-        os.kill(os.getpid(), signal.SIGKILL)
-    elif armed.endswith("-kill"):
-        # mid-call: let the method start its work (seconds of sampling or training), then die
-        threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGKILL)).start()
-    elif armed == "reward-hang":
-        while True:
-            time.sleep(3600)
-    elif armed == "disk-full":
-        import resource
-
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # writes past the limit fail with EFBIG instead
-        soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
-        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, hard))
-    elif armed == "slow-save":
-        time.sleep(20)

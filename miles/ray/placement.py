@@ -39,7 +39,9 @@ class PlacementPlan:
 # REWARD_CPU_PER_WORKER CPUs and --rm-num-gpus-per-worker GPUs)
 _COLOCATED_TRAIN_GPU = 0.5
 _COLOCATED_CPU = 0.25
-REWARD_CPU_PER_WORKER = 0.25  # what miles.rollout.rm_hub.pool asks for per worker
+# a reward actor's CPU share: a 2-CPU head then holds an engine, two train ranks and the reward
+# pool at once (the reward work is short and mostly waits on models)
+REWARD_CPU_PER_WORKER = 0.25
 
 
 def num_train_ranks(args) -> int:

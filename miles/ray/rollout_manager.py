@@ -20,7 +20,8 @@ from miles.backends.types import RolloutBatch
 from miles.ray.faults import ROSTER, wait_for
 from miles.ray.placement import PlacementPlan, actor_options
 from miles.rollout.data import PromptDataset, read_prompt_file
-from miles.rollout.rm_hub.pool import RewardPool, split_evenly
+from miles.ray.reward_pool import RewardPool
+from miles.rollout.rm_hub.pool import split_evenly
 from miles.rollout.rm_hub.types import RewardSample
 from miles.rollout.step_strategy import trained_steps_for_rollout
 from miles.rollout.types import SampleRequest, Trajectory

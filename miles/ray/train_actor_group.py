@@ -9,6 +9,7 @@ from miles.backends.lora import LoraSpec
 from miles.backends.types import RolloutBatch, TrainResult
 from miles.ray import faults
 from miles.ray.faults import wait_for
+from miles.utils.debug_faults import fire
 from miles.ray.placement import PlacementPlan, actor_options
 
 
@@ -20,9 +21,9 @@ class TrainActor(TrainRank):
     def trained_components(self) -> list[str]:
         return list(self.components)
 
-    # fault injection (--debug-fault, miles.ray.faults): armed by the driver, carried out here
+    # fault injection (--debug-fault, miles.utils.debug_faults): armed by the driver, carried out here
     def train(self, batch):
-        faults.fire(self, "train-kill")
+        fire(self, "train-kill")
         try:
             return super().train(batch)
         finally:
@@ -36,8 +37,8 @@ class TrainActor(TrainRank):
         return loss, metrics
 
     def save(self, staging: str) -> None:
-        faults.fire(self, "disk-full")
-        faults.fire(self, "slow-save")
+        fire(self, "disk-full")
+        fire(self, "slow-save")
         try:
             return super().save(staging)
         except Exception as err:  # serializers hide the OS's reason (torch: "unexpected pos ..."): find it

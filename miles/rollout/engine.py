@@ -70,9 +70,9 @@ class RolloutEngineActor(RolloutEngine):
         return self.family
 
     def generate(self, requests, trained_steps, debug=False):
-        from miles.ray import faults
+        from miles.utils.debug_faults import fire
 
-        faults.fire(self, "engine-kill")  # --debug-fault engine-kill@N (the fault suite)
+        fire(self, "engine-kill")  # --debug-fault engine-kill@N (the fault suite)
         return super().generate(requests, trained_steps, debug)
 
 

@@ -18,6 +18,9 @@ TIERS = ("dry", "cpu", "gpu")
 
 # What each tier defaults to: (args, timeout seconds, estimated seconds, suites).
 CPU_PROXY_ARGS = ("--scale", "cpu-proxy", "--num-rollout", "2")
+# Ray's placement-group strategies, for a case whose GPUs span several nodes of a cluster
+PLACEMENTS = ("STRICT_SPREAD", "SPREAD", "STRICT_PACK", "PACK")
+
 _TIER_DEFAULTS = {
     "dry": ((), 120.0, 2.0, ("cpu",)),
     "cpu": (CPU_PROXY_ARGS, 600.0, 90.0, ("cpu",)),
@@ -102,6 +105,10 @@ class RecipeCase:
         differs from the standard's and the strict series are not compared).
     ray_nodes: 0 = one node (see own_head); N >= 1 = the harness builds an N-node cluster on
         loopback for this run and runs the recipe against it with MILES_SCRIPT_EXTERNAL_RAY=1.
+    gpu_nodes: GPU tier on a Ray cluster (`ci/run_suite.py --ray-address`): the nodes the case's
+        GPUs are spread over, `gpus // gpu_nodes` on each (one placement-group bundle per node).
+    placement: how those bundles are placed: STRICT_SPREAD (default: one per distinct node),
+        SPREAD, STRICT_PACK or PACK (Ray's placement-group strategies).
     own_head: with ray_nodes=0, whether the recipe starts its own Ray head through the full
         launcher path. CPU-tier cases default to False: they run, one after another, against a
         one-node cluster their pytest(-xdist) worker starts once (external-Ray mode; each run
@@ -126,6 +133,8 @@ class RecipeCase:
     signals: tuple[Signal, ...] = ()
     ray_nodes: int = 0
     own_head: bool = False
+    gpu_nodes: int = 1
+    placement: str = "STRICT_SPREAD"
     name: str = ""
     root: Path | None = None
 
@@ -136,6 +145,10 @@ class RecipeCase:
             raise ValueError(f"{self.script}: a GPU-tier case needs gpus >= 1")
         if self.tier != "gpu" and self.gpus:
             raise ValueError(f"{self.script}: only GPU-tier cases lease GPUs (tier {self.tier!r})")
+        if self.gpu_nodes < 1 or self.gpus % self.gpu_nodes or (self.gpu_nodes > 1 and self.tier != "gpu"):
+            raise ValueError(f"{self.script}: gpu_nodes={self.gpu_nodes} must divide the GPU tier's gpus={self.gpus}")
+        if self.placement not in PLACEMENTS:
+            raise ValueError(f"{self.script}: placement must be one of {PLACEMENTS}, got {self.placement!r}")
         unknown = set(self.tolerances) - set(self.metrics)
         if unknown:
             raise ValueError(f"{self.script}: tolerances for metrics not compared: {sorted(unknown)}")
@@ -246,6 +259,8 @@ class RecipeCase:
             "est_time": self.est_time,
             "suites": list(self.suites),
             "labels": list(self.labels),
+            "nodes": self.gpu_nodes,
+            "placement": self.placement,
         }
 
 

@@ -301,7 +301,7 @@ def _lora(parser) -> None:
 
 
 def _reward(parser) -> None:
-    from miles.rollout.rm_hub.registry import BUILTIN_REWARDS, CUSTOM_CONTRACT, rm_type
+    from miles.utils.reward_names import BUILTIN_REWARDS, CUSTOM_CONTRACT, rm_type
 
     g = parser.add_argument_group("reward", "--rm-type or --custom-rm-path (not with sft_loss)")
     g.add_argument("--rm-type", type=rm_type, default=None, metavar="NAME",
@@ -360,13 +360,13 @@ def _debug(parser) -> None:
 
 
 def _fault_kinds() -> list[str]:
-    from miles.ray.faults import FAULT_KINDS
+    from miles.utils.debug_faults import FAULT_KINDS
 
     return list(FAULT_KINDS)
 
 
 def _fault_spec(value: str) -> str:
-    from miles.ray.faults import parse_fault
+    from miles.utils.debug_faults import parse_fault
 
     try:
         parse_fault(value)

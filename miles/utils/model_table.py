@@ -13,7 +13,7 @@ headers: `miles.utils.memory_plan.read_checkpoint`). This table covers the rest:
 - Our own checkpoints (`miles-<family>-<size>-seed<N>`): the configs `create_checkpoint` writes
   for that family and size.
 
-The counts in `model_sizes.json` are COMPUTED, not typed: `python3 -m miles.utils.model_table`
+The counts in `model_sizes.json` are COMPUTED, not typed: `python3 -m miles.models.size_table`
 builds every component on torch's meta device from its config (no memory, no weights) and
 counts its parameters, and records the transformer's width and block count that the activation
 estimate uses. tests/unit/utils/test_memory_plan.py rebuilds the table and compares.
@@ -127,66 +127,3 @@ def own_key(family: str, size: str) -> str:
 def load_table() -> dict[str, Any]:
     """{checkpoint key: {"family", "components": {name: {"class", "params", "hidden"?, "blocks"?}}}}."""
     return json.loads(TABLE_PATH.read_text())
-
-
-# -- the generator (imports torch; never on the dry path) ------------------------------------------
-
-def _own_specs() -> dict[str, dict[str, Any]]:
-    from miles.models.registry import family_module
-    from miles.utils.families import FAMILY_NAMES
-
-    out = {}
-    for family in FAMILY_NAMES:
-        for size in OWN_SIZES:
-            comps = {}
-            for name, spec in family_module(family).components(size).items():
-                if spec.class_name == "PreTrainedTokenizerFast" or spec.library not in ("diffusers", "transformers"):
-                    continue
-                comps[name] = _c(spec.library, spec.class_name, dict(spec.config), spec.config_class)
-            out[own_key(family, size)] = {"family": family, "components": comps}
-    return out
-
-
-def _count(component: dict[str, Any]) -> dict[str, Any]:
-    import importlib
-
-    import torch
-
-    with torch.device("meta"):
-        if component["library"] == "diffusers":
-            cls = getattr(importlib.import_module("diffusers"), component["class"])
-            module = cls.from_config(component["config"])
-        else:
-            lib = importlib.import_module("transformers")
-            config = getattr(lib, component["config_class"])(**component["config"])
-            module = getattr(lib, component["class"])(config)
-    entry: dict[str, Any] = {"class": component["class"], "params": int(sum(p.numel() for p in module.parameters()))}
-    blocks = getattr(module, "transformer_blocks", None) or getattr(module, "blocks", None)
-    if blocks is not None and "Transformer" in component["class"]:
-        entry["blocks"] = len(blocks)
-        entry["block_params"] = int(sum(p.numel() for p in blocks[0].parameters()))
-        cfg = component["config"]
-        entry["hidden"] = int(cfg.get("num_attention_heads", 0) * cfg.get("attention_head_dim", 0))
-    return entry
-
-
-def build_table() -> dict[str, Any]:
-    from miles.models.runtime import quiet_libraries
-
-    quiet_libraries()
-    specs = {**RELEASED, **_own_specs()}
-    return {key: {"family": spec["family"],
-                  "components": {name: _count(comp) for name, comp in spec["components"].items()}}
-            for key, spec in specs.items()}
-
-
-def main() -> None:
-    table = build_table()
-    TABLE_PATH.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
-    for key, entry in table.items():
-        total = sum(c["params"] for c in entry["components"].values())
-        print(f"{key:40s} {total / 1e9:8.3f} B params")
-
-
-if __name__ == "__main__":
-    main()

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from miles.ray import faults
+from miles.utils import debug_faults
 from miles.utils.arguments import parse_args
 from miles.utils.external_utils import restarts
 
@@ -47,9 +48,9 @@ def test_debug_fault_is_checked_at_parse_time(capsys):
 
 def test_a_fault_fires_once_per_run_dir(tmp_path):
     args = argparse.Namespace(debug_fault="engine-kill@1", run_dir=str(tmp_path))
-    assert not faults.fault_due(args, "engine-kill", 0)
-    assert faults.fault_due(args, "engine-kill", 1)
-    assert not faults.fault_due(args, "engine-kill", 1)  # a restarted attempt does not fire it again
+    assert not debug_faults.fault_due(args, "engine-kill", 0)
+    assert debug_faults.fault_due(args, "engine-kill", 1)
+    assert not debug_faults.fault_due(args, "engine-kill", 1)  # a restarted attempt does not fire it again
 
 
 def test_failure_line_names_role_rank_node_pid_cause_and_kind(tmp_path):

@@ -73,9 +73,30 @@ def test_dry_cases_pick_up_a_new_recipe_file_without_a_test_edit(tmp_path):
 def test_case_json_has_the_fields_ci_reads():
     case = RecipeCase.gpu("scripts/run_x.py", gpus=2, est_time=300, labels=("wan22",))
     record = case.to_json("tests/e2e/test_x.py::test_recipe[run_x-gpu]")
-    assert set(record) == {"nodeid", "name", "recipe", "tier", "gpus", "timeout", "est_time", "suites", "labels"}
+    assert set(record) == {"nodeid", "name", "recipe", "tier", "gpus", "timeout", "est_time", "suites", "labels",
+                           "nodes", "placement"}
     assert record["suites"] == ["nightly-gpu"] and record["labels"] == ["wan22"]
+    assert record["nodes"] == 1 and record["placement"] == "STRICT_SPREAD"
     json.dumps(record)
+
+
+def test_a_multi_node_gpu_case_reaches_the_cluster_runner_with_its_nodes_and_placement():
+    from ci.cases import case_from_dict
+
+    case = RecipeCase.gpu("scripts/run_x.py", gpus=16, gpu_nodes=2, placement="SPREAD", est_time=900)
+    runner_case = case_from_dict(case.to_json("tests/e2e/test_x.py::test_recipe[run_x-gpu]"))
+    assert (runner_case.gpus, runner_case.nodes, runner_case.gpus_per_node, runner_case.placement) == (16, 2, 8, "SPREAD")
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(gpus=6, gpu_nodes=4), "gpu_nodes=4 must divide"),
+    (dict(gpus=4, gpu_nodes=2, placement="RANDOM"), "placement must be one of"),
+])
+def test_gpu_nodes_and_placement_are_checked_when_the_case_is_declared(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        RecipeCase.gpu("scripts/run_x.py", **kwargs)
+    with pytest.raises(ValueError, match="gpu_nodes=2 must divide"):
+        RecipeCase.cpu("scripts/run_x.py", gpu_nodes=2)
 
 
 def test_script_path_is_found_from_a_subdirectory(tmp_path):

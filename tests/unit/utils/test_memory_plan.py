@@ -132,7 +132,8 @@ def test_the_committed_table_is_what_the_configs_compute():
     """model_sizes.json holds counts computed on the meta device from the configs in model_table.py
     (released ones transcribed from their config.json; ours from create_checkpoint's sizes)."""
     pytest.importorskip("torch")
-    from miles.utils.model_table import RELEASED, _count, load_table
+    from miles.models.size_table import _count
+    from miles.utils.model_table import RELEASED, load_table
 
     table = load_table()
     for key, spec in RELEASED.items():

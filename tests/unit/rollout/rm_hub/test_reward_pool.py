@@ -3,7 +3,8 @@ import numpy as np
 import pytest
 
 from miles.rollout.rm_hub import RewardError, RewardSample
-from miles.rollout.rm_hub.pool import LocalRewardScorer, RewardPool, split_evenly
+from miles.ray.reward_pool import RewardPool
+from miles.rollout.rm_hub.pool import LocalRewardScorer, split_evenly
 
 
 def test_split_evenly_covers_all_samples_in_order():
@@ -38,7 +39,7 @@ def test_pool_matches_local_scorer_in_order_and_names_global_sample_on_error(ray
 
 
 def test_workers_ask_for_a_quarter_cpu_and_the_configured_gpu_share(make_args):
-    from miles.rollout.rm_hub.pool import _actor_options
+    from miles.ray.reward_pool import _actor_options
 
     assert _actor_options(make_args(rm_num_gpus_per_worker=0.0), None, None, None) == {"num_cpus": 0.25, "num_gpus": 0.0}
     assert _actor_options(make_args(rm_num_gpus_per_worker=0.5), None, None, {"env_vars": {"A": "1"}}) == {
@@ -46,7 +47,7 @@ def test_workers_ask_for_a_quarter_cpu_and_the_configured_gpu_share(make_args):
 
 
 def test_workers_of_a_cpu_job_ask_for_no_gpu_whatever_the_gpu_share(make_args):
-    from miles.rollout.rm_hub.pool import _actor_options
+    from miles.ray.reward_pool import _actor_options
 
     options = _actor_options(make_args(rm_num_gpus_per_worker=1.0, device="cpu"), None, None, None)
     assert options["num_gpus"] == 0.0
