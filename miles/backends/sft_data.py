@@ -10,13 +10,14 @@ rank turns only its own items into pixel tensors (`load_pixels`).
 from __future__ import annotations
 
 import json
-import random
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+
+from miles.utils.epochs import EpochCursor
 
 
 class SFTDataError(ValueError):
@@ -76,8 +77,11 @@ def load_pixels(item: SFTItem, is_video: bool) -> torch.Tensor:
     return frames if is_video else frames[0]
 
 
-class SFTDataset:
+class SFTDataset(EpochCursor[SFTItem]):
     """Items over epochs, each epoch in an order fixed by `seed` and the epoch number."""
+
+    order_salt = "sft:"
+    error = SFTDataError
 
     def __init__(self, items: list[SFTItem], *, seed: int = 42, shuffle: bool = True, source: str = "<memory>"):
         if not items:
@@ -94,42 +98,3 @@ class SFTDataset:
         return cls(items, seed=getattr(args, "rollout_seed", 42), shuffle=bool(getattr(args, "rollout_shuffle", False)),
                    source=str(args.prompt_data))
 
-    def __len__(self) -> int:
-        return len(self.items)
-
-    def epoch_order(self, epoch: int) -> list[int]:
-        order = list(range(len(self.items)))
-        if self.shuffle:  # a function of (seed, epoch) alone: a resume needs no replay
-            random.Random(f"sft:{self.seed}:{epoch}").shuffle(order)
-        return order
-
-    def batches_per_epoch(self, batch_size: int) -> int:
-        return -(-len(self.items) // batch_size)
-
-    def next_batch(self, batch_size: int) -> list[SFTItem]:
-        """The next `batch_size` items; a batch that runs past the end continues in the next epoch."""
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        batch: list[SFTItem] = []
-        while len(batch) < batch_size:
-            if self.offset == len(self._order):
-                self._start_epoch(self.epoch + 1)
-            take = min(batch_size - len(batch), len(self._order) - self.offset)
-            batch.extend(self.items[i] for i in self._order[self.offset:self.offset + take])
-            self.offset += take
-        return batch
-
-    def _start_epoch(self, epoch: int) -> None:
-        self.epoch, self.offset, self._order = epoch, 0, self.epoch_order(epoch)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "offset": self.offset, "seed": self.seed, "shuffle": self.shuffle,
-                "num_items": len(self.items)}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state.get("num_items", len(self.items)) != len(self.items):
-            raise SFTDataError(f"{self.source}: checkpoint was saved with {state['num_items']} items, "
-                               f"the file now has {len(self.items)}")
-        self.seed, self.shuffle = state.get("seed", self.seed), state.get("shuffle", self.shuffle)
-        self._start_epoch(int(state["epoch"]))
-        self.offset = int(state["offset"])

@@ -10,10 +10,11 @@ draws exactly the prompts it would have drawn.
 from __future__ import annotations
 
 import json
-import random
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from miles.utils.epochs import EpochCursor
 
 
 class PromptDataError(ValueError):
@@ -63,8 +64,11 @@ def read_prompt_file(path: str | Path, input_key: str = "prompt", metadata_key: 
     return items
 
 
-class PromptDataset:
+class PromptDataset(EpochCursor[PromptItem]):
     """Batches of prompts over epochs, each epoch in an order fixed by `seed` and the epoch number."""
+
+    noun = "prompts"
+    error = PromptDataError
 
     def __init__(
         self,
@@ -80,9 +84,7 @@ class PromptDataset:
         self.seed = seed
         self.shuffle = shuffle
         self.source = source
-        self.epoch = 0
-        self.offset = 0  # prompts of the current epoch already handed out
-        self._order = self.epoch_order(0)
+        self._start_epoch(0)
 
     @classmethod
     def from_jsonl(
@@ -106,53 +108,6 @@ class PromptDataset:
             shuffle=bool(getattr(args, "rollout_shuffle", False)),
         )
 
-    def __len__(self) -> int:
-        return len(self.items)
-
     def __getitem__(self, index: int) -> PromptItem:
         return self.items[index]
 
-    def epoch_order(self, epoch: int) -> list[int]:
-        order = list(range(len(self.items)))
-        if self.shuffle:
-            # A fresh generator per epoch makes the order a function of (seed, epoch) alone,
-            # which is what lets load_state_dict() restore it without replaying earlier epochs.
-            random.Random(f"{self.seed}:{epoch}").shuffle(order)
-        return order
-
-    def batches_per_epoch(self, batch_size: int) -> int:
-        """Rollouts that cover one epoch (the last may spill into the next epoch)."""
-        return -(-len(self.items) // batch_size)
-
-    def next_batch(self, batch_size: int) -> list[PromptItem]:
-        """The next `batch_size` prompts; a batch that runs past the end continues in the next epoch."""
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        batch: list[PromptItem] = []
-        while len(batch) < batch_size:
-            if self.offset == len(self._order):
-                self._start_epoch(self.epoch + 1)
-            take = min(batch_size - len(batch), len(self._order) - self.offset)
-            batch.extend(self.items[i] for i in self._order[self.offset:self.offset + take])
-            self.offset += take
-        return batch
-
-    def _start_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-        self.offset = 0
-        self._order = self.epoch_order(epoch)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "offset": self.offset, "seed": self.seed,
-                "shuffle": self.shuffle, "num_prompts": len(self.items)}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state.get("num_prompts", len(self.items)) != len(self.items):
-            raise PromptDataError(
-                f"{self.source}: checkpoint was saved with {state['num_prompts']} prompts, "
-                f"the file now has {len(self.items)}"
-            )
-        self.seed = state.get("seed", self.seed)
-        self.shuffle = state.get("shuffle", self.shuffle)
-        self._start_epoch(int(state["epoch"]))
-        self.offset = int(state["offset"])

@@ -28,15 +28,6 @@ def free_ports(n: int) -> list[int]:
     return _ray_cluster.free_ports(n, "127.0.0.1")
 
 
-def _raise_open_files_limit() -> None:
-    """In the `ray start` child: soft RLIMIT_NOFILE up to the hard limit (raylets need many)."""
-    import resource
-
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft < hard:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-
-
 @dataclass
 class LocalRayCluster:
     """`nodes` Ray nodes on 127.0.0.1: a head (with the job server) and `nodes - 1` workers."""
@@ -91,7 +82,7 @@ class LocalRayCluster:
             log.flush()
             proc = subprocess.run(["bash", "-c", command], env=env, stdout=log, stderr=subprocess.STDOUT,
                                   stdin=subprocess.DEVNULL, timeout=self.start_timeout,
-                                  preexec_fn=_raise_open_files_limit)
+                                  preexec_fn=_ray_cluster.raise_open_files_limit)
         if proc.returncode != 0:
             raise RuntimeError(f"`{command}` failed with {proc.returncode}; see {self.log_path}:\n"
                                + self.log_path.read_text(errors="replace")[-4000:])

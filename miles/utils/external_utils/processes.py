@@ -177,13 +177,13 @@ def end_marked_processes(
                 if pid not in signalled and signal_if_marked(pid, sig, token, env_name):
                     signalled.add(pid)
             if not targets:
-                # a parent that was still alive a moment ago (a raylet) may have respawned a child
-                # (its dashboard or runtime-env agent) after this scan: look once more
-                time.sleep(0.3)
-                poll()
-                if not pids_with_token(token, env_name):
-                    break
-                continue
+                # A raylet that was still alive a moment ago may have respawned its dashboard or
+                # runtime-env agent after this scan; on a loaded machine that child shows up well
+                # after its parent is gone (seen: after a single 0.3 s look). Done only once
+                # nothing has carried the token for QUIET_S.
+                if not _stays_quiet(token, env_name, poll):
+                    continue
+                break
             if time.monotonic() >= deadline:
                 break
             time.sleep(0.1)
@@ -191,6 +191,20 @@ def end_marked_processes(
             break
     poll()
     return seen, pids_with_token(token, env_name)
+
+
+QUIET_S = 2.0  # how long no process may carry the token before a cleanup counts as done
+
+
+def _stays_quiet(token: str, env_name: str, poll: Callable[[], None], quiet_s: float = QUIET_S) -> bool:
+    """True if no process carries the token for `quiet_s`; False as soon as one appears."""
+    until = time.monotonic() + quiet_s
+    while time.monotonic() < until:
+        time.sleep(0.2)
+        poll()
+        if pids_with_token(token, env_name):
+            return False
+    return True
 
 
 def end_token_processes(token: str, grace_s: float = 10.0) -> list[int]:

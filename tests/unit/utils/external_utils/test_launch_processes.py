@@ -99,3 +99,29 @@ def test_exec_command_prints_exec_line_and_dry_run_does_not_run(tmp_path, capsys
     exec_command(f"touch {marker}", dry_run=False)
     assert marker.exists()
     assert capsys.readouterr().out.count(f"EXEC: touch {marker}") == 2
+
+
+def test_a_process_that_takes_up_the_token_just_after_the_last_one_ended_is_ended_too():
+    # what a raylet does on a loaded machine: its agent respawns after the first scan found nothing
+    import threading
+
+    from miles.utils.external_utils.processes import QUIET_S, end_marked_processes
+
+    token = new_token()
+    env = environ_with_token(token)
+    first = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env)
+    late: list[subprocess.Popen] = []
+    spawn_after = QUIET_S / 2
+    timer = threading.Timer(spawn_after, lambda: late.append(subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)"], env=env)))
+    timer.start()
+    try:
+        ended, survivors = end_marked_processes(token, on_poll=lambda: [p.poll() for p in [first, *late]])
+        timer.join()
+        assert first.pid in ended and late and late[0].pid in ended, (ended, late)
+        assert survivors == [] and late[0].wait(timeout=5) is not None
+    finally:
+        timer.cancel()
+        for proc in [first, *late]:
+            proc.kill()
+            proc.wait()
