@@ -19,7 +19,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from miles.testing.cases import RecipeCase
 from miles.testing.invariants import PARITY_KEYS
@@ -29,6 +29,7 @@ from miles.testing.dry import scrubbed_env, tail
 
 TOKEN_ENV = "MILES_TEST_TOKEN"
 LOG_TAIL_LINES = 200
+HARNESS_QUIET_S = 1.0  # see end_processes
 PHASES_FILE = "phases.jsonl"
 
 
@@ -73,8 +74,10 @@ def end_processes(
             p.poll()
 
     found: dict[int, str] = {}
+    # the launcher waits out a raylet's respawns (processes.QUIET_S) before it exits; behind it this
+    # backstop needs a shorter quiet window (it is the first cleanup only when the launcher was killed)
     ended, survivors = _processes.end_marked_processes(token, TOKEN_ENV, grace_s=grace, on_poll=poll_children,
-                                                       descriptions=found)
+                                                       descriptions=found, quiet_s=HARNESS_QUIET_S)
     return [found.get(p) or describe(p) for p in ended], [describe(p) for p in survivors]
 
 

@@ -146,6 +146,9 @@ def signal_if_marked(pid: int, sig: int, token: str, env_name: str = TOKEN_ENV) 
         return False
 
 
+QUIET_S = 2.0  # the launcher's: how long no process may carry the token before a cleanup counts as done
+
+
 def end_marked_processes(
     token: str,
     env_name: str = TOKEN_ENV,
@@ -154,13 +157,15 @@ def end_marked_processes(
     kill_wait_s: float = 5.0,
     on_poll: Callable[[], None] | None = None,
     descriptions: dict[int, str] | None = None,
+    quiet_s: float = QUIET_S,
 ) -> tuple[list[int], list[int]]:
     """End every process carrying `<env_name>=<token>`: SIGTERM, up to `grace_s`, then SIGKILL.
     Processes that appear meanwhile (a daemon forking) are found by re-scanning. Each signal goes
     to a pid re-verified as carrying the token at that moment. Returns (ended, survivors).
 
     The one cleanup of launcher and test harness alike; `on_poll` lets a caller reap children;
-    `descriptions` receives "pid cmdline" of each process when it is first found."""
+    `descriptions` receives "pid cmdline" of each process when it is first found; `quiet_s` is how
+    long no process may carry the token before the cleanup counts as done."""
     poll = on_poll or (lambda: None)
     seen: list[int] = []
     for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, kill_wait_s)):
@@ -180,8 +185,8 @@ def end_marked_processes(
                 # A raylet that was still alive a moment ago may have respawned its dashboard or
                 # runtime-env agent after this scan; on a loaded machine that child shows up well
                 # after its parent is gone (seen: after a single 0.3 s look). Done only once
-                # nothing has carried the token for QUIET_S.
-                if not _stays_quiet(token, env_name, poll):
+                # nothing has carried the token for quiet_s.
+                if not _stays_quiet(token, env_name, poll, quiet_s):
                     continue
                 break
             if time.monotonic() >= deadline:
@@ -191,9 +196,6 @@ def end_marked_processes(
             break
     poll()
     return seen, pids_with_token(token, env_name)
-
-
-QUIET_S = 2.0  # how long no process may carry the token before a cleanup counts as done
 
 
 def _stays_quiet(token: str, env_name: str, poll: Callable[[], None], quiet_s: float = QUIET_S) -> bool:
