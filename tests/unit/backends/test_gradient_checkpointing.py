@@ -56,3 +56,42 @@ def test_a_transformer_without_it_is_refused_naming_the_family():
     with pytest.raises(ValueError, match="--gradient-checkpointing: the sd3 family's transformer .Linear. does not "
                                          "support gradient checkpointing; drop the flag"):
         enable_gradient_checkpointing(torch.nn.Linear(2, 2), "sd3", "transformer")
+
+
+@pytest.mark.parametrize("family", FAMILY_NAMES)
+def test_each_familys_transformer_gradients_are_equal_with_and_without_checkpointing(family):
+    """Every expert of every family, through the model's own velocity call (conditioning, guidance
+    off); bit-equal for the reason above."""
+    from dtype_helpers import ASSETS
+
+    from miles.models.create_checkpoint import ensure_checkpoint
+    from miles.models.loader import load_model
+
+    model = load_model(ensure_checkpoint(family, "tiny", 0, ASSETS))
+    frames = 5 if model.spec.is_video else 1
+    x = torch.randn(1, *model.latent_shape(32, 32, frames), generator=torch.Generator().manual_seed(0))
+    cond = model.encode_prompts(["a red cat"], None)
+
+    def grads(name):
+        """The gradients, and how often the first block started a forward: twice when backward
+        recomputes it (a pre-hook: the recomputation stops once it has what backward needs, before
+        the block's own forward hooks would run)."""
+        module = model.transformers[name]
+        blocks = getattr(module, "transformer_blocks", None) or module.blocks
+        calls = []
+        hook = blocks[0].register_forward_pre_hook(lambda *_: calls.append(1))
+        module.requires_grad_(True)
+        module.zero_grad(set_to_none=True)
+        model.velocity(x, 0.7, cond, 1.0, name).pow(2).mean().backward()
+        hook.remove()
+        return {n: p.grad.clone() for n, p in module.named_parameters() if p.grad is not None}, len(calls)
+
+    for name in model.spec.transformer_components:
+        plain, plain_runs = grads(name)
+        enable_gradient_checkpointing(model.transformers[name], family, name)
+        checkpointed, runs = grads(name)
+        assert (plain_runs, runs) == (1, 2), f"{family} {name}: the first block ran {plain_runs} / {runs} times"
+        assert plain and plain.keys() == checkpointed.keys(), (family, name)
+        assert any(float(g.abs().max()) > 0 for g in plain.values())
+        for param in plain:
+            assert torch.equal(plain[param], checkpointed[param]), (family, name, param)
