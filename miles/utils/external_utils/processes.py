@@ -126,12 +126,25 @@ def is_alive(pid: int) -> bool:
 
 
 def describe(pid: int) -> str:
+    """"pid cmdline (parent P, up Ts)": the parent and age say whether a leftover was respawned."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as fh:
             cmd = fh.read().replace(b"\0", b" ").decode(errors="replace").strip()
     except OSError:
         cmd = "?"
-    return f"{pid} {cmd[:200]}"
+    return f"{pid} {cmd[:200]}{_lineage(pid)}"
+
+
+def _lineage(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+        with open("/proc/uptime") as fh:
+            uptime = float(fh.read().split()[0])
+        age = uptime - int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22 of stat: start time in ticks
+        return f" (parent {fields[1]}, up {age:.1f}s)"
+    except (OSError, IndexError, ValueError):
+        return ""
 
 
 def signal_if_marked(pid: int, sig: int, token: str, env_name: str = TOKEN_ENV) -> bool:
