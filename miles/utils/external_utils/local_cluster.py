@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import subprocess
 import sys
 import time
 from collections.abc import Mapping
@@ -17,6 +18,7 @@ from miles.utils.external_utils.processes import (
     new_token,
     pgids_of,
     pids_with_token,
+    print_exec,
 )
 from miles.utils.external_utils.ray_cluster import (
     RayNodeSpec,
@@ -39,7 +41,7 @@ def end_recorded_run(output_dir: str | Path, role: str) -> list[int]:
     record = LaunchRecord.load(output_dir, role)
     if record is None:
         return []
-    ended = end_token_processes(record.token)
+    ended = end_token_processes(record.token, session=record.session)
     print(f"cleanup: ended {len(ended)} process(es) left by an earlier {role} run (token {record.token})", flush=True)
     _remove_our_temp_dir(record)
     LaunchRecord.path_for(output_dir, role).unlink(missing_ok=True)
@@ -64,15 +66,33 @@ def start_node(
     record.save(output_dir)  # before starting: a crash mid-start must still be cleanable
     env = ray_start_env(environ_with_token(record.token, **(inherited_env or {})), cuda_visible_devices)
     log_path = Path(log_path) if log_path else LaunchRecord.path_for(output_dir, record.role).with_suffix(".log")
-    exec_command(ray_start_command(spec, cuda_visible_devices), env=env, dry_run=False, log_path=log_path)
+    _run_in_own_session(ray_start_command(spec, cuda_visible_devices), env, log_path, record, output_dir)
     record.pgids = pgids_of(pids_with_token(record.token))
     record.save(output_dir)
+
+
+def _run_in_own_session(command: str, env: Mapping[str, str], log_path: Path, record: LaunchRecord,
+                        output_dir: str | Path) -> None:
+    """`ray start` as a session leader, the session recorded before it starts anything: its
+    daemons stay members of that session, which is how cleanup finds them all (processes.py)."""
+    print_exec(command)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "a") as log:
+        log.write(f"$ {command}\n")
+        log.flush()
+        proc = subprocess.Popen(["bash", "-c", command], env=dict(env), stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+        record.session = proc.pid
+        record.save(output_dir)
+        returncode = proc.wait()
+    if returncode:
+        raise subprocess.CalledProcessError(returncode, command)
 
 
 def stop_node(record: LaunchRecord, remove_temp_dir: bool = False) -> None:
     """End the node's processes. Its temp dir (Ray's logs, spilled objects) goes only when asked:
     after a failure the logs are worth keeping, until the next run's cleanup."""
-    ended = end_token_processes(record.token)
+    ended = end_token_processes(record.token, session=record.session)
     print(f"ended the Ray node this launcher started ({len(ended)} process(es), token {record.token})", flush=True)
     if remove_temp_dir:
         _remove_our_temp_dir(record)

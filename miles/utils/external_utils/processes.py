@@ -4,6 +4,13 @@ Everything the launcher starts carries `MILES_LAUNCH_TOKEN=<token>` in its envir
 token is recorded under `<output_dir>/.launcher/<role>.json`. Cleanup scans /proc for that token:
 it finds Ray's daemons and workers even when they moved to a session of their own, and it can
 never match a process someone else started (we never match by name).
+
+`ray start` also runs in a session of its own, recorded beside the token, and every Ray daemon it
+starts stays in that session. Cleanup ends the session's members too: a raylet's dashboard and
+runtime-env agents were seen alive after every token scan came back empty (their environment no
+longer readable as ours), and they are still members of the session. A session id stays taken
+while any member lives, so its members are ours; once our leader (`ray start`) has exited, a live
+process with that pid would mean the id was reused, and then the session is left alone.
 """
 
 from __future__ import annotations
@@ -43,6 +50,7 @@ class LaunchRecord:
     token: str
     ray_temp_dir: str | None = None
     pgids: list[int] = field(default_factory=list)
+    session: int | None = None  # the session `ray start` ran in (its pid); its daemons stay in it
     launcher_pid: int = field(default_factory=os.getpid)
 
     @staticmethod
@@ -147,6 +155,36 @@ def _lineage(pid: int) -> str:
         return ""
 
 
+def _session_of(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return int(fh.read().rsplit(")", 1)[1].split()[3])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def pids_in_session(session: int | None) -> list[int]:
+    """Live members of a leaderless session (not us or our ancestors); [] for a session whose id
+    is a live process's pid (a reused id: not the session our exited `ray start` left)."""
+    if not session or is_alive(session):
+        return []
+    spared = _self_and_ancestors()
+    return sorted(int(e.name) for e in os.scandir("/proc")
+                  if e.name.isdigit() and int(e.name) not in spared and _session_of(int(e.name)) == session
+                  and is_alive(int(e.name)))
+
+
+def signal_if_in_session(pid: int, sig: int, session: int | None) -> bool:
+    """Signal `pid` only if, right now, it is a member of our leaderless session."""
+    if not session or pid in _self_and_ancestors() or is_alive(session) or _session_of(pid) != session:
+        return False
+    try:
+        os.kill(pid, sig)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
 def signal_if_marked(pid: int, sig: int, token: str, env_name: str = TOKEN_ENV) -> bool:
     """Signal `pid` only if, right now, its environment carries the token: a pid (or a process
     group id) seen earlier may belong to someone else by now. Never a process group."""
@@ -171,6 +209,7 @@ def end_marked_processes(
     on_poll: Callable[[], None] | None = None,
     descriptions: dict[int, str] | None = None,
     quiet_s: float = QUIET_S,
+    session: int | None = None,
 ) -> tuple[list[int], list[int]]:
     """End every process carrying `<env_name>=<token>`: SIGTERM, up to `grace_s`, then SIGKILL.
     Processes that appear meanwhile (a daemon forking) are found by re-scanning. Each signal goes
@@ -178,7 +217,8 @@ def end_marked_processes(
 
     The one cleanup of launcher and test harness alike; `on_poll` lets a caller reap children;
     `descriptions` receives "pid cmdline" of each process when it is first found; `quiet_s` is how
-    long no process may carry the token before the cleanup counts as done."""
+    long no process may carry the token before the cleanup counts as done; `session`, the recorded
+    session of `ray start`, whose members are ended as well (see the module docstring)."""
     poll = on_poll or (lambda: None)
     seen: list[int] = []
     for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, kill_wait_s)):
@@ -186,20 +226,21 @@ def end_marked_processes(
         signalled: set[int] = set()
         while True:
             poll()
-            targets = pids_with_token(token, env_name)
+            targets = _ours(token, env_name, session)
             for pid in targets:
                 if pid not in seen:
                     seen.append(pid)
                     if descriptions is not None:
                         descriptions[pid] = describe(pid)
-                if pid not in signalled and signal_if_marked(pid, sig, token, env_name):
+                if pid not in signalled and (signal_if_marked(pid, sig, token, env_name)
+                                             or signal_if_in_session(pid, sig, session)):
                     signalled.add(pid)
             if not targets:
                 # A raylet that was still alive a moment ago may have respawned its dashboard or
                 # runtime-env agent after this scan; on a loaded machine that child shows up well
                 # after its parent is gone (seen: after a single 0.3 s look). Done only once
-                # nothing has carried the token for quiet_s.
-                if not _stays_quiet(token, env_name, poll, quiet_s):
+                # nothing of ours has shown up for quiet_s.
+                if not _stays_quiet(token, env_name, poll, quiet_s, session):
                     continue
                 break
             if time.monotonic() >= deadline:
@@ -208,23 +249,28 @@ def end_marked_processes(
         if not targets:
             break
     poll()
-    return seen, pids_with_token(token, env_name)
+    return seen, _ours(token, env_name, session)
 
 
-def _stays_quiet(token: str, env_name: str, poll: Callable[[], None], quiet_s: float = QUIET_S) -> bool:
-    """True if no process carries the token for `quiet_s`; False as soon as one appears."""
+def _ours(token: str, env_name: str, session: int | None) -> list[int]:
+    return sorted(set(pids_with_token(token, env_name)) | set(pids_in_session(session)))
+
+
+def _stays_quiet(token: str, env_name: str, poll: Callable[[], None], quiet_s: float = QUIET_S,
+                 session: int | None = None) -> bool:
+    """True if nothing of ours shows up for `quiet_s`; False as soon as something does."""
     until = time.monotonic() + quiet_s
     while time.monotonic() < until:
         time.sleep(0.2)
         poll()
-        if pids_with_token(token, env_name):
+        if _ours(token, env_name, session):
             return False
     return True
 
 
-def end_token_processes(token: str, grace_s: float = 10.0) -> list[int]:
-    """End every process carrying the launcher's token; returns the pids found."""
-    return end_marked_processes(token, TOKEN_ENV, grace_s=grace_s)[0]
+def end_token_processes(token: str, grace_s: float = 10.0, session: int | None = None) -> list[int]:
+    """End every process carrying the launcher's token (and the members of its Ray session)."""
+    return end_marked_processes(token, TOKEN_ENV, grace_s=grace_s, session=session)[0]
 
 
 def pgids_of(pids: Iterable[int]) -> list[int]:

@@ -326,7 +326,7 @@ def _run_launch(
                     print(f"Ray head up on {launch.node.node_ip}: job server {launch.node.job_server_url}, GCS "
                           f"{launch.node.gcs_address}; Ray's own output is in {launcher_log}", flush=True)
                 restarts.set_aside_failure(run_dir, len(attempts) - 1)
-                watch = _watch_head(launch)
+                watch = _watch_head(launch, record)
                 try:
                     with watch:
                         status = _submit_when_ready(launch, config, hook, cluster_wait_timeout)
@@ -387,7 +387,7 @@ def _run_launch(
     return status
 
 
-def _watch_head(launch: _Launch):
+def _watch_head(launch: _Launch, record: LaunchRecord | None):
     """A GCS watch for a head of our own (a no-op context for an external cluster)."""
     import contextlib
 
@@ -397,7 +397,9 @@ def _watch_head(launch: _Launch):
         return watch
     from miles.utils.external_utils.processes import end_token_processes
 
-    return restarts.HeadWatch(launch.node.gcs_address, lambda: end_token_processes(launch.token, grace_s=3.0))
+    session = record.session if record is not None else None
+    return restarts.HeadWatch(launch.node.gcs_address,
+                              lambda: end_token_processes(launch.token, grace_s=3.0, session=session))
 
 
 def _restart(launch: _Launch, record: LaunchRecord | None, config: ExecuteTrainConfig,

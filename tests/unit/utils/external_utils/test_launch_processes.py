@@ -1,6 +1,7 @@
 import os
 import subprocess
 import sys
+import time
 
 from miles.utils.external_utils.local_cluster import HEAD_ROLE, end_recorded_run
 from miles.utils.external_utils.processes import (
@@ -125,3 +126,46 @@ def test_a_process_that_takes_up_the_token_just_after_the_last_one_ended_is_ende
         for proc in [first, *late]:
             proc.kill()
             proc.wait()
+
+
+def _leaderless_session_child(env):
+    """What `ray start` leaves: a session whose leader has exited and a daemon still in it, here
+    one whose environment does not show the token (as a raylet's agents were seen)."""
+    starter = subprocess.Popen(
+        ["bash", "-c", f"env -u MILES_LAUNCH_TOKEN {sys.executable} -c 'import time; time.sleep(120)' "
+                       "</dev/null >/dev/null 2>&1 & echo $!"],
+        env=env, stdout=subprocess.PIPE, text=True, start_new_session=True)
+    child = int(starter.stdout.readline())
+    starter.wait(timeout=10)
+    return starter.pid, child
+
+
+def test_stop_ends_the_daemons_left_in_the_ray_start_session_even_without_a_visible_token(tmp_path):
+    from miles.utils.external_utils.local_cluster import stop_node
+    from miles.utils.external_utils.processes import pids_in_session
+
+    token = new_token()
+    session, daemon = _leaderless_session_child(environ_with_token(token))
+    bystander = _sleeper(env={k: v for k, v in os.environ.items() if k != "MILES_LAUNCH_TOKEN"}, new_session=True)
+    try:
+        assert daemon not in pids_with_token(token) and pids_in_session(session) == [daemon]
+        stop_node(LaunchRecord("head", token, session=session))
+        deadline = time.monotonic() + 10
+        while is_alive(daemon) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not is_alive(daemon)
+        assert bystander.poll() is None  # another session is never touched
+    finally:
+        _reap(bystander)
+        if is_alive(daemon):
+            os.kill(daemon, 9)
+
+
+def test_a_session_id_taken_by_a_live_process_is_not_ours():
+    from miles.utils.external_utils.processes import pids_in_session
+
+    leader = _sleeper(new_session=True)  # a session whose leader lives: the id may have been reused
+    try:
+        assert pids_in_session(leader.pid) == []
+    finally:
+        _reap(leader)
