@@ -228,11 +228,48 @@ class RaySuiteRunner:
     # -- collecting ------------------------------------------------------------------------
 
     def _collect_some(self) -> list[str]:
-        """Waits (a second at most) for attempts to end; returns the cases that are done."""
+        """Waits (a second at most) for attempts to end; returns the cases that are done.
+
+        A multi-node case's holders are watched too: one holds its node until the lead ends, so
+        a holder that ends first went down with its node, and the case is lost with it."""
         self._retire()
         timeout = 0.05 if self.retiring else 1.0
-        ready, _ = ray.wait(list(self.pending), num_returns=1, timeout=timeout)
-        return [name for ref in ready if (name := self._collect(self.pending.pop(ref)))]
+        holders = {h: attempt for attempt in self.pending.values() for h in attempt.holders}
+        ready, _ = ray.wait(list(self.pending) + list(holders), num_returns=1, timeout=timeout)
+        done = []
+        for ref in ready:
+            if ref in self.pending:
+                name = self._collect(self.pending.pop(ref))
+            elif holders[ref].ref in self.pending:
+                name = self._holder_ended(holders[ref], ref)
+            else:
+                name = None
+            if name:
+                done.append(name)
+        return done
+
+    def _holder_ended(self, attempt: _Attempt, holder: ray.ObjectRef) -> str | None:
+        """A holder ended before its lead: if a node of the case died, the case is lost there."""
+        attempt.holders = [h for h in attempt.holders if h != holder]
+        node = self._dead_peer_node(attempt)
+        if node is None:
+            return None  # the holder's worker died alone; the lead decides the outcome
+        self.pending.pop(attempt.ref, None)
+        ray.cancel(attempt.ref, force=True)  # its process dies with the worker (PR_SET_PDEATHSIG)
+        self._release(attempt)
+        return self._on_lost(attempt, *node)
+
+    def _dead_peer_node(self, attempt: _Attempt) -> tuple[str, str] | None:
+        peers = ray.get(self.sink.peers.remote(attempt.case.name, attempt.number))
+        deadline = time.monotonic() + NODE_DEATH_WAIT
+        while True:
+            alive = alive_node_ids()
+            dead = [slot for slot in peers if slot.node_id not in alive]
+            if dead:
+                return dead[0].node_id, dead[0].label
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(1.0)
 
     def _collect(self, attempt: _Attempt) -> str | None:
         """The case's name once it has a result; None when it was queued again."""

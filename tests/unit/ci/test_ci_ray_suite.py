@@ -233,6 +233,21 @@ def test_a_dead_node_fails_only_its_cases_and_retry_reruns_them_elsewhere(cluste
     assert junit_problems(out / "junit.xml") == []
 
 
+def test_a_multi_node_case_whose_second_node_dies_is_lost_and_ended(cluster, tmp_path):
+    # the lead's own node lives on; the node holding the other bundle dies under it
+    cluster.ensure_gpu_nodes(2)
+    entries = [synthetic("spread", 2, 3.0, nodes=2, kill_peer_node=True),
+               synthetic("bystander", 1, 3.0)]
+    started = time.monotonic()
+    proc, out = run_suite(cluster, tmp_path, entries)
+    assert proc.returncode == 3, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert time.monotonic() - started < 100, "the runner waited for the lead's 120 s sleep"
+    cases = junit_cases(out)
+    assert "node lost" in error_message(cases["spread"]), error_message(cases["spread"])
+    assert "ending raylet" in cases["spread"].find("error").text  # its log tail came with it
+    assert cases["bystander"].find("error") is None or "node lost" in error_message(cases["bystander"])
+
+
 def junit_cases(out):
     import xml.etree.ElementTree as ET
 
