@@ -105,7 +105,9 @@ def train(args: Namespace, plan: BatchPlan) -> int:
     trainer = None if args.debug_rollout_only else TrainActorGroup(args, plan, placement, pg, runtime_env)
     # sft_loss (--train-only): dataset items stand in for rollouts; no engines, no rewards, no weight pushes
     sft = args.loss_type == "sft_loss"
-    rollout = SFTSource(args) if sft else RolloutManager(args, placement, pg, runtime_env)
+    rollout = SFTSource(args) if sft else RolloutManager(args, placement, pg, runtime_env)  # while the ranks set up
+    if trainer is not None:
+        trainer.wait_ready()
     if trainer is not None and (lora := trainer.lora_spec()) is not None:
         rollout.apply_lora(lora, trainer.components())
     phases.mark("actors_ready")

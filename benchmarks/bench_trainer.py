@@ -116,7 +116,7 @@ def main() -> None:
     t_cluster = time.perf_counter() - t0
     placement = PlacementPlan([{"CPU": 1.0}], [Slot(0, 1.0, 0.0)])
     pg = create_placement_group(placement)
-    group = TrainActorGroup(args, plan, placement, pg)
+    group = TrainActorGroup(args, plan, placement, pg).wait_ready()
     t_actor = time.perf_counter() - t0 - t_cluster
     batch_ref = ray.put(batch)
 

@@ -21,6 +21,11 @@ class TrainActor(TrainRank):
     def trained_components(self) -> list[str]:
         return list(self.components)
 
+    def setup_at(self, master: tuple[str, int]) -> None:
+        """`setup` with rank 0's (address, port) as one argument: the driver hands over the ref to
+        rank 0's answer, so the ranks set up without the driver waiting for it."""
+        self.setup(*master)
+
     # fault injection (--debug-fault, miles.utils.debug_faults): armed by the driver, carried out here
     def train(self, batch):
         fire(self, "train-kill")
@@ -51,14 +56,22 @@ class TrainActor(TrainRank):
 
 
 class TrainActorGroup:
+    """The train ranks. Constructing the group starts them and their set-up without waiting, so
+    the engines can start meanwhile (actor start-up is most of a small run's time); `wait_ready()`
+    waits for the set-up to end."""
+
     def __init__(self, args, plan, placement: PlacementPlan, pg, runtime_env: dict | None = None):
         world_size = len(placement.train)
         remote_cls = ray.remote(TrainActor)
         self.actors = [remote_cls.options(**actor_options(pg, slot, runtime_env)).remote(args, plan, rank, world_size)
                        for rank, slot in enumerate(placement.train)]
-        master_addr, master_port = wait_for([self.actors[0].master_address.remote()], self.actors[:1], "start")[0]
-        self._get([a.setup.remote(master_addr, master_port) for a in self.actors], "setup")
+        master = self.actors[0].master_address.remote()
+        self._setup = [a.setup_at.remote(master) for a in self.actors]
+
+    def wait_ready(self) -> "TrainActorGroup":
+        self._get(self._setup, "setup")
         faults.ROSTER.register(self.actors, "train rank")
+        return self
 
     def _get(self, refs: list, what: str, actors: list | None = None) -> list:
         """ray.get with a deadline; a dead or silent rank becomes a RunFailure naming it."""

@@ -52,7 +52,7 @@ def test_two_ranks_match_one_rank_and_each_trains_its_own_shard(ray_cluster, tin
     from miles.ray.placement import create_placement_group
 
     pg = create_placement_group(placement)
-    group = TrainActorGroup(args2, plan2, placement, pg)
+    group = TrainActorGroup(args2, plan2, placement, pg).wait_ready()
     try:
         results = group.train(batch)
         rank_states = [group.trained_state(r) for r in range(2)]
