@@ -261,15 +261,7 @@ class RaySuiteRunner:
 
     def _dead_peer_node(self, attempt: _Attempt) -> tuple[str, str] | None:
         peers = ray.get(self.sink.peers.remote(attempt.case.name, attempt.number))
-        deadline = time.monotonic() + NODE_DEATH_WAIT
-        while True:
-            alive = alive_node_ids()
-            dead = [slot for slot in peers if slot.node_id not in alive]
-            if dead:
-                return dead[0].node_id, dead[0].label
-            if time.monotonic() >= deadline:
-                return None
-            time.sleep(1.0)
+        return first_dead({slot.node_id: slot.label for slot in peers}, NODE_DEATH_WAIT)
 
     def _collect(self, attempt: _Attempt) -> str | None:
         """The case's name once it has a result; None when it was queued again."""
@@ -299,13 +291,9 @@ class RaySuiteRunner:
             node_id, label = attempt.nodes[0], node_label(attempt.nodes[0])
         else:
             return None
-        deadline = time.monotonic() + (NODE_DEATH_WAIT if isinstance(err, WORKER_GONE) else 0.0)
-        while True:
-            if isinstance(err, NodeDiedError) or node_id not in alive_node_ids():
-                return node_id, label
-            if time.monotonic() >= deadline:
-                return None
-            time.sleep(1.0)
+        if isinstance(err, NodeDiedError):
+            return node_id, label
+        return first_dead({node_id: label}, NODE_DEATH_WAIT if isinstance(err, WORKER_GONE) else 0.0)
 
     def _on_lost(self, attempt: _Attempt, node_id: str, node: str) -> str | None:
         """Queues the case again, first in line, or records it as lost."""
@@ -382,6 +370,20 @@ def node_label(node_id: str) -> str:
 
 def alive_node_ids() -> set[str]:
     return {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
+
+
+def first_dead(nodes: dict[str, str], wait_s: float) -> tuple[str, str] | None:
+    """(id, label) of the first of `nodes` ({id: label}) the cluster reports dead, asked once a
+    second for up to `wait_s` (its health checks take a while to notice); None if all live."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        alive = alive_node_ids()
+        dead = [node_id for node_id in nodes if node_id not in alive]
+        if dead:
+            return dead[0], nodes[dead[0]]
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(1.0)
 
 
 def first_line(err: Exception) -> str:

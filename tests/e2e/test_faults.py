@@ -233,10 +233,7 @@ def test_sigterm_to_the_launcher_during_a_save_keeps_the_last_checkpoint_and_res
     signalled = {}
 
     def sigterm_launcher_during_save(out: Path, token: str) -> None:
-        staging = out / RUN_ID / "checkpoints" / ".staging_rollout_000001"
-        deadline = time.monotonic() + 300
-        while not staging.exists() and time.monotonic() < deadline:
-            time.sleep(0.1)
+        wait_for_path(out / RUN_ID / "checkpoints" / ".staging_rollout_000001")
         time.sleep(1.0)  # the rank is inside the save (slow-save sleeps 20 s there)
         for pid in token_pids(token):
             if _is_launcher(pid):
@@ -255,6 +252,13 @@ def test_sigterm_to_the_launcher_during_a_save_keeps_the_last_checkpoint_and_res
     resumed = runs("sigterm", [*command[2:]])
     assert resumed.ok, resumed.report()
     assert_same_as_uninterrupted(resumed, uninterrupted)
+
+
+def wait_for_path(path: Path, timeout: float = 300.0) -> None:
+    """Until the run writes `path` (the test then injects its fault), at most `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
 
 
 def _is_launcher(pid: int) -> bool:
@@ -283,10 +287,7 @@ def test_dead_gcs_is_restarted_once_and_ends_like_an_uninterrupted_run(runs, uni
     killed = {}
 
     def kill_gcs_at_rollout_1(out: Path, token: str) -> None:
-        committed = out / RUN_ID / "checkpoints" / "latest"
-        deadline = time.monotonic() + 300
-        while not committed.exists() and time.monotonic() < deadline:
-            time.sleep(0.1)
+        wait_for_path(out / RUN_ID / "checkpoints" / "latest")
         for pid in token_pids(token):  # the run's processes; among them the one in the GCS role
             if _role(pid) == "gcs_server":
                 os.kill(pid, signal.SIGKILL)

@@ -116,21 +116,24 @@ def _self_and_ancestors() -> set[int]:
     return pids
 
 
-def _parent_pid(pid: int) -> int:
+def _stat(pid: int) -> list[str]:
+    """/proc/<pid>/stat after the command name, which may hold spaces: [state, ppid, pgrp,
+    session, ...] (stat's fields 3 onwards); [] for a process that is gone."""
     try:
         with open(f"/proc/{pid}/stat") as fh:
-            # the command name (field 2) may contain spaces; fields after the last ')' are fixed
-            return int(fh.read().rsplit(")", 1)[1].split()[1])
-    except (OSError, IndexError, ValueError):
-        return 0
+            return fh.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return []
+
+
+def _parent_pid(pid: int) -> int:
+    fields = _stat(pid)
+    return int(fields[1]) if fields else 0
 
 
 def is_alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except (OSError, IndexError):
-        return False
+    fields = _stat(pid)
+    return bool(fields) and fields[0] not in ("Z", "X")
 
 
 def describe(pid: int) -> str:
@@ -144,23 +147,19 @@ def describe(pid: int) -> str:
 
 
 def _lineage(pid: int) -> str:
+    fields = _stat(pid)
     try:
-        with open(f"/proc/{pid}/stat") as fh:
-            fields = fh.read().rsplit(")", 1)[1].split()
         with open("/proc/uptime") as fh:
             uptime = float(fh.read().split()[0])
-        age = uptime - int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22 of stat: start time in ticks
+        age = uptime - int(fields[19]) / os.sysconf("SC_CLK_TCK")  # stat's field 22: start time in ticks
         return f" (parent {fields[1]}, up {age:.1f}s)"
     except (OSError, IndexError, ValueError):
         return ""
 
 
 def _session_of(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return int(fh.read().rsplit(")", 1)[1].split()[3])
-    except (OSError, IndexError, ValueError):
-        return None
+    fields = _stat(pid)
+    return int(fields[3]) if fields else None
 
 
 def pids_in_session(session: int | None) -> list[int]:
@@ -178,11 +177,7 @@ def signal_if_in_session(pid: int, sig: int, session: int | None) -> bool:
     """Signal `pid` only if, right now, it is a member of our leaderless session."""
     if not session or pid in _self_and_ancestors() or is_alive(session) or _session_of(pid) != session:
         return False
-    try:
-        os.kill(pid, sig)
-        return True
-    except (ProcessLookupError, PermissionError):
-        return False
+    return _kill(pid, sig)
 
 
 def signal_if_marked(pid: int, sig: int, token: str, env_name: str = TOKEN_ENV) -> bool:
@@ -190,6 +185,10 @@ def signal_if_marked(pid: int, sig: int, token: str, env_name: str = TOKEN_ENV) 
     group id) seen earlier may belong to someone else by now. Never a process group."""
     if pid in _self_and_ancestors() or not _environ_has(pid, _needle(token, env_name)):
         return False
+    return _kill(pid, sig)
+
+
+def _kill(pid: int, sig: int) -> bool:
     try:
         os.kill(pid, sig)
         return True
