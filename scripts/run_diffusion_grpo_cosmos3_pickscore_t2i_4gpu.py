@@ -28,64 +28,40 @@ Resume a killed run: the same --run-id plus --extra-args "--load <output-dir>/<r
 """
 
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Literal, NamedTuple, Optional
+from typing import Literal, Optional
 
 import miles.utils.external_utils.command_utils as U
 
 FAMILY = "cosmos3"
-RELEASED_CHECKPOINT = "Cosmos-Predict2-2B-Text2Image"  # under --model-dir (--scale full)
+RELEASED_CHECKPOINT = "Cosmos-Predict2-2B-Text2Image"  # under --model-dir (--scale full), beside PickScore_v1
 # the H100 80GB GPUs this recipe is laid out for; the memory plan checks its estimate against them
 GPU_MEMORY_GB = 80
-RELEASED_PICKSCORE = "PickScore_v1"  # under --model-dir (--scale full)
 
 
-def gpu_memory_args(device: str) -> str:
-    """--gpu-memory-gb for a GPU run (refused with --device cpu, which has no GPU budget)."""
-    return f"--gpu-memory-gb {GPU_MEMORY_GB} " if device == "cuda" else ""
-
-
-@dataclass(frozen=True)
-class _Scale:
-    """What --scale changes; the flag blocks in execute() are the same at every scale."""
-
-    checkpoint_size: Optional[str]  # None: the released checkpoint and PickScore; else ours
-    device: str
-    dtype: str  # train and rollout forwards; the trained weights stay float32
+@dataclass(frozen=True, kw_only=True)
+class _Scale(U.RolloutScale):
     train_ranks: int  # GPUs (CPU slots on cpu), each holding a train rank, an engine and a reward worker
     resolution: int
-    num_steps: int  # denoising steps; the SDE window of 2 trained steps starts in 0..sde_window_max_start
-    sde_window_max_start: int
-    rollout_batch_size: int  # prompts per rollout
-    n_samples_per_prompt: int
+    sde_window_max_start: int  # the SDE window of 2 trained steps starts in 0..sde_window_max_start
     tile_samples: int  # micro-batch tile: samples x 1 timestep per forward
-    rm_num_workers: int  # PickScore workers, spread over the engines' GPUs
-    rm_gpus_per_worker: float  # their slice of a GPU; 0 on cpu, where they are CPU actors
-    num_prompts: int
-    num_rollout: int
-    eval_interval: Optional[int]  # None: no eval
-    save_interval: Optional[int]  # None: no checkpoints
-    deterministic: bool
+    rm_gpus_per_worker: float  # PickScore workers' slice of an engine's GPU; 0 on cpu, where they are CPU actors
 
 
 _SCALES: dict[str, _Scale] = {
     "full": _Scale(
-        checkpoint_size=None, device="cuda", dtype="bfloat16", train_ranks=4, resolution=768, num_steps=10,
-        sde_window_max_start=3, rollout_batch_size=16, n_samples_per_prompt=8, tile_samples=8, rm_num_workers=4,
-        rm_gpus_per_worker=0.1, num_prompts=4000, num_rollout=300, eval_interval=10, save_interval=20,
-        deterministic=False,
+        U.FULL_SCALE, train_ranks=4, resolution=768, num_steps=10, sde_window_max_start=3, rollout_batch_size=16,
+        n_samples_per_prompt=8, tile_samples=8, rm_num_workers=4, rm_gpus_per_worker=0.1, num_prompts=4000,
+        num_rollout=300, eval_interval=10, save_interval=20,
     ),
     "gpu-proxy": _Scale(
-        checkpoint_size="proxy", device="cuda", dtype="bfloat16", train_ranks=4, resolution=256, num_steps=10,
-        sde_window_max_start=3, rollout_batch_size=8, n_samples_per_prompt=4, tile_samples=4, rm_num_workers=4,
-        rm_gpus_per_worker=0.1, num_prompts=64, num_rollout=4, eval_interval=None, save_interval=None,
-        deterministic=True,
+        U.GPU_PROXY, train_ranks=4, resolution=256, num_steps=10, sde_window_max_start=3, rollout_batch_size=8,
+        n_samples_per_prompt=4, tile_samples=4, rm_num_workers=4, rm_gpus_per_worker=0.1, num_prompts=64,
+        num_rollout=4,
     ),
     "cpu-proxy": _Scale(
-        checkpoint_size="tiny", device="cpu", dtype="float32", train_ranks=2, resolution=64, num_steps=6,
-        sde_window_max_start=2, rollout_batch_size=2, n_samples_per_prompt=4, tile_samples=2, rm_num_workers=1,
-        rm_gpus_per_worker=0, num_prompts=16, num_rollout=2, eval_interval=None, save_interval=None,
-        deterministic=True,
+        U.CPU_PROXY, train_ranks=2, resolution=64, num_steps=6, sde_window_max_start=2, rollout_batch_size=2,
+        n_samples_per_prompt=4, tile_samples=2, rm_num_workers=1, rm_gpus_per_worker=0, num_prompts=16,
+        num_rollout=2,
     ),
 }
 
@@ -97,119 +73,59 @@ class ScriptArgs(U.ExecuteTrainConfig):
         metadata={"help": "full: Cosmos and PickScore on 4 GPUs; gpu-proxy: our proxy-size cosmos3 and a tiny CLIP "
                           "on the same GPUs; cpu-proxy: our tiny cosmos3 on CPU slots."},
     )
-    num_rollout: Optional[int] = field(
-        default=None, metadata={"help": "Rollouts to train; unset: 300 (full), 4 (gpu-proxy), 2 (cpu-proxy)."}
-    )
-    model_dir: str = field(
-        default=str(U.REPO_ROOT / "models"),
-        metadata={"help": "Released checkpoints are read from here; ours are created here once and reused."},
-    )
-    data_dir: str = field(default=str(U.REPO_ROOT / "data"), metadata={"help": "Where the prompt files are written."})
+    num_rollout: Optional[int] = U.num_rollout_option(_SCALES)
+    model_dir: str = U.model_dir_option()
+    data_dir: str = U.data_dir_option()
 
 
-class Assets(NamedTuple):
-    checkpoint: str
-    pickscore: str
-    prompt_data: str
-    eval_prompt_data: str
-
-
-def prepare(args: ScriptArgs) -> Assets:
+def prepare(args: ScriptArgs) -> U.Assets:
     """Make (once) the checkpoint, the PickScore model and the prompts; a dry run only names them."""
+    return U.ensure_assets(FAMILY, _SCALES[args.scale], args.model_dir, args.data_dir,
+                           released=RELEASED_CHECKPOINT, pickscore=True)
+
+
+def execute(args: ScriptArgs, assets: U.Assets) -> None:
     scale = _SCALES[args.scale]
-    model_dir, data_dir = Path(args.model_dir), Path(args.data_dir)
-    if scale.checkpoint_size is None:  # prerequisites, not checked here
-        checkpoint, pickscore = model_dir / RELEASED_CHECKPOINT, model_dir / RELEASED_PICKSCORE
-    else:
-        checkpoint = model_dir / f"miles-{FAMILY}-{scale.checkpoint_size}-seed0"
-        pickscore = model_dir / "tiny-pickscore-seed0"
-    prompt_data = data_dir / f"general_prompts_{scale.num_prompts}.jsonl"
-    eval_prompt_data = data_dir / "general_eval_prompts_64.jsonl"
-    if not U.is_dry_run():
-        from miles.rollout.prompts import ensure_prompt_file
 
-        ensure_prompt_file("general", prompt_data, num_prompts=scale.num_prompts, seed=0)
-        ensure_prompt_file("general", eval_prompt_data, num_prompts=64, seed=1)
-        if scale.checkpoint_size is not None:
-            from miles.models.create_checkpoint import ensure_checkpoint
-            from miles.rollout.rm_hub.pickscore import ensure_tiny_pickscore
-
-            checkpoint = ensure_checkpoint(FAMILY, scale.checkpoint_size, 0, model_dir)
-            pickscore = ensure_tiny_pickscore(model_dir, seed=0)
-    return Assets(str(checkpoint), str(pickscore), str(prompt_data), str(eval_prompt_data))
-
-
-def execute(args: ScriptArgs, assets: Assets) -> None:
-    scale = _SCALES[args.scale]
-    num_rollout = args.num_rollout if args.num_rollout is not None else scale.num_rollout
-    run_dir = Path(args.output_dir).resolve() / args.run_id
-
-    ckpt_args = f"--hf-checkpoint {assets.checkpoint} --diffusion-model-family {FAMILY} "
-    if scale.save_interval:
-        ckpt_args += f"--save {run_dir / 'checkpoints'} --save-interval {scale.save_interval} "
+    ckpt_args = U.ckpt_args(FAMILY, assets.checkpoint, args, scale.save_interval)
 
     rollout_args = (
-        f"--prompt-data {assets.prompt_data} --input-key prompt --rollout-shuffle "
-        f"--num-rollout {num_rollout} "
-        f"--rollout-batch-size {scale.rollout_batch_size} --n-samples-per-prompt {scale.n_samples_per_prompt} "
-        f"--diffusion-height {scale.resolution} --diffusion-width {scale.resolution} "
+        U.prompt_batch_args(assets.prompt_data, scale.num_rollout_or_default(args.num_rollout),
+                            scale.rollout_batch_size, scale.n_samples_per_prompt)
+        + f"--diffusion-height {scale.resolution} --diffusion-width {scale.resolution} "
         f"--diffusion-num-steps {scale.num_steps} --diffusion-num-sde-steps 2 "
         f"--diffusion-step-strategy-path sde_window --diffusion-sde-window-max-start {scale.sde_window_max_start} "
         "--diffusion-sde-type sde --diffusion-noise-level 0.7 --diffusion-guidance-scale 4.0 "
     )
 
-    eval_args = ""
-    if scale.eval_interval:
-        eval_args = f"--eval-interval {scale.eval_interval} --eval-prompt-data {assets.eval_prompt_data} "
+    eval_args = U.eval_args(assets.eval_prompt_data, scale.eval_interval)
 
-    grpo_args = (
-        "--loss-type policy_loss --advantage-estimator grpo "
-        "--diffusion-clip-range 1e-4 --diffusion-adv-clip-max 5.0 "
-        "--num-steps-per-rollout 2 "
-    )
+    grpo_args = U.flow_grpo_args()
 
-    optimizer_args = "--lr 1e-5 --adam-beta1 0.9 --adam-beta2 0.999 --weight-decay 1e-4 --clip-grad 1.0 "
+    optimizer_args = U.optimizer_args(lr="1e-5")
 
     lora_args = ""  # full finetune
 
-    reward_args = (  # PickScore workers beside the engines, each on a slice of an engine's GPU
-        f"--rm-type pickscore --pickscore-model-path {assets.pickscore} "
-        f"--rm-num-workers {scale.rm_num_workers} --rm-num-gpus-per-worker {scale.rm_gpus_per_worker:g} "
-        "--colocate-reward "
-    )
+    # PickScore workers beside the engines, each on a slice of an engine's GPU
+    reward_args = U.pickscore_args(assets.pickscore, scale.rm_num_workers, scale.rm_gpus_per_worker, colocate=True)
 
-    engine_args = f"--rollout-num-gpus {scale.train_ranks} --rollout-num-gpus-per-engine 1 "
+    engine_args = U.engine_args(scale.train_ranks)
 
-    train_backend_args = (
-        f"--param-dtype float32 --compute-dtype {scale.dtype} --rollout-dtype {scale.dtype} "
-        "--update-weight-target-module transformer "
-    )
+    train_backend_args = U.train_backend_args(scale.dtype)
 
-    perf_args = (
-        f"--micro-batch-size-sample {scale.tile_samples} --micro-batch-size-tstep 1 "
-        "--diffusion-train-iter-order sample-major --train-dp-split-mode contiguous "
-    )
-    if scale.device == "cuda":
-        perf_args += "--gradient-checkpointing "
+    perf_args = U.tile_args(scale.tile_samples) + U.gradient_checkpointing_args(scale.device)
 
     misc_args = (
-        f"--device {scale.device} " + gpu_memory_args(scale.device)
-        + f"--actor-num-nodes 1 --actor-num-gpus-per-node {scale.train_ranks} "
-        f"--num-gpus-per-node {scale.train_ranks} --colocate "
-        "--diffusion-debug-mode "  # log train/rollout parity (exactly 0.0 when healthy)
+        U.gpu_layout_args(scale.device, GPU_MEMORY_GB, train_gpus=scale.train_ranks, gpus_per_node=scale.train_ranks)
+        + "--colocate --diffusion-debug-mode "  # log train/rollout parity (exactly 0.0 when healthy)
+        + U.deterministic_args(scale.deterministic)
     )
-    if scale.deterministic:
-        misc_args += "--deterministic-mode "
 
     train_args = " ".join([
         ckpt_args, rollout_args, eval_args, grpo_args, optimizer_args, lora_args, reward_args, engine_args,
         train_backend_args, perf_args, misc_args, U.get_default_wandb_args(__file__, args.run_id),
     ])
-    U.execute_train(
-        train_args=train_args,
-        num_gpus_per_node=0 if scale.device == "cpu" else scale.train_ranks,
-        config=args,
-    )
+    U.execute_train(train_args=train_args, num_gpus_per_node=scale.ray_gpus(scale.train_ranks), config=args)
 
 
 @U.dataclass_cli

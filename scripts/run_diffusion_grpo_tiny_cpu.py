@@ -29,8 +29,7 @@ Resume a killed run: the same --run-id plus --extra-args "--load <output-dir>/<r
 """
 
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Literal, NamedTuple
+from typing import Literal
 
 import miles.utils.external_utils.command_utils as U
 
@@ -53,44 +52,26 @@ class ScriptArgs(U.ExecuteTrainConfig):
     seed: int = field(
         default=1234, metadata={"help": "Seed of the trainer (--seed) and of the rollouts (--rollout-seed)."}
     )
-    model_dir: str = field(
-        default=str(U.REPO_ROOT / "models"),
-        metadata={"help": "Where the tiny checkpoint is created once and reused (shared with other recipes)."},
+    model_dir: str = U.model_dir_option(
+        "Where the tiny checkpoint is created once and reused (shared with other recipes)."
     )
-    data_dir: str = field(default=str(U.REPO_ROOT / "data"), metadata={"help": "Where the prompt file is written."})
+    data_dir: str = U.data_dir_option("Where the prompt file is written.")
 
 
-class Assets(NamedTuple):
-    checkpoint: str
-    prompt_data: str
-
-
-def prepare(args: ScriptArgs) -> Assets:
+def prepare(args: ScriptArgs) -> U.Assets:
     """Make (once) the tiny checkpoint and the colour prompts; a dry run only names them."""
-    checkpoint = Path(args.model_dir) / f"miles-{FAMILY}-tiny-seed0"
-    prompt_data = Path(args.data_dir) / f"tiny_prompts_{NUM_PROMPTS}.jsonl"
-    if not U.is_dry_run():
-        from miles.models.create_checkpoint import ensure_checkpoint
-        from miles.rollout.prompts import ensure_prompt_file
-
-        checkpoint = ensure_checkpoint(FAMILY, "tiny", 0, args.model_dir)
-        ensure_prompt_file("tiny", prompt_data, num_prompts=NUM_PROMPTS, seed=0)
-    return Assets(str(checkpoint), str(prompt_data))
+    checkpoint = U.ensure_recipe_checkpoint(FAMILY, "tiny", args.model_dir)
+    prompt_data, _ = U.ensure_prompt_files("tiny", args.data_dir, NUM_PROMPTS, eval_prompts=0)
+    return U.Assets(checkpoint, prompt_data)
 
 
-def execute(args: ScriptArgs, assets: Assets) -> None:
-    run_dir = Path(args.output_dir).resolve() / args.run_id
-
-    ckpt_args = (
-        f"--hf-checkpoint {assets.checkpoint} --diffusion-model-family {FAMILY} "
-        f"--save {run_dir / 'checkpoints'} --save-interval 10 "
-    )
+def execute(args: ScriptArgs, assets: U.Assets) -> None:
+    ckpt_args = U.ckpt_args(FAMILY, assets.checkpoint, args, save_interval=10)
 
     rollout_args = (
-        f"--prompt-data {assets.prompt_data} --input-key prompt --metadata-key metadata --rollout-shuffle "
-        f"--num-rollout {args.num_rollout} --rollout-seed {args.seed} "
-        "--rollout-batch-size 4 --n-samples-per-prompt 8 "
-        "--diffusion-height 64 --diffusion-width 64 "
+        U.prompt_batch_args(assets.prompt_data, args.num_rollout, batch_size=4, samples_per_prompt=8, metadata=True,
+                            rollout_seed=args.seed)
+        + "--diffusion-height 64 --diffusion-width 64 "
         "--diffusion-num-steps 8 --diffusion-num-sde-steps 2 "
         "--diffusion-step-strategy-path sde_window --diffusion-sde-window-max-start 2 "
         "--diffusion-sde-type sde --diffusion-noise-level 1.0 --diffusion-guidance-scale 4.0 "
@@ -98,32 +79,24 @@ def execute(args: ScriptArgs, assets: Assets) -> None:
 
     eval_args = ""  # the training reward is the signal at this size
 
-    grpo_args = (
-        "--loss-type policy_loss --advantage-estimator grpo "
-        "--diffusion-clip-range 1e-2 --diffusion-adv-clip-max 5.0 "
-        "--num-steps-per-rollout 2 "
-    )
+    grpo_args = U.flow_grpo_args(clip_range="1e-2")
 
-    optimizer_args = "--lr 2e-3 --adam-beta1 0.9 --adam-beta2 0.999 --weight-decay 0.0 --clip-grad 1.0 "
+    optimizer_args = U.optimizer_args(lr="2e-3", weight_decay="0.0")
 
     lora_args = ""  # full finetune: the tiny transformer is small enough
 
-    reward_args = "--rm-type brightness --rm-num-workers 1 --rm-num-gpus-per-worker 0 "
+    reward_args = U.cpu_reward_args("brightness", num_workers=1)
 
-    engine_args = f"--rollout-num-gpus {args.train_ranks} --rollout-num-gpus-per-engine 1 "
+    engine_args = U.engine_args(args.train_ranks)
 
     dtype = "bfloat16" if args.device == "cuda" else "float32"  # master weights stay float32
-    train_backend_args = f"--param-dtype float32 --compute-dtype {dtype} --rollout-dtype {dtype} "
+    train_backend_args = U.train_backend_args(dtype, update_weights="")
 
-    perf_args = (
-        "--micro-batch-size-sample 8 --micro-batch-size-tstep 1 "
-        "--diffusion-train-iter-order sample-major --train-dp-split-mode contiguous "
-    )
+    perf_args = U.tile_args(8)
 
     misc_args = (
-        f"--device {args.device} --actor-num-nodes 1 --actor-num-gpus-per-node {args.train_ranks} "
-        f"--num-gpus-per-node {args.train_ranks} --colocate "
-        f"--seed {args.seed} --deterministic-mode "
+        U.gpu_layout_args(args.device, gpu_memory_gb=None, train_gpus=args.train_ranks, gpus_per_node=args.train_ranks)
+        + f"--colocate --seed {args.seed} --deterministic-mode "
         "--diffusion-debug-mode "  # log train/rollout parity (exactly 0.0 when healthy)
     )
 

@@ -55,68 +55,44 @@ Resume a killed run: the same --run-id plus --extra-args "--load <output-dir>/<r
 import dataclasses
 import sys
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Literal, NamedTuple, Optional
+from typing import Literal, Optional
 
 import miles.utils.external_utils.command_utils as U
 
 FAMILY = "wan2_2"
 # the H200 141GB GPUs this recipe is laid out for; the memory plan checks its estimate against them
 GPU_MEMORY_GB = 141
-RELEASED_CHECKPOINT = "Wan2.2-T2V-A14B-Diffusers"  # under --model-dir (--scale full)
-RELEASED_PICKSCORE = "PickScore_v1"  # under --model-dir (--scale full)
+RELEASED_CHECKPOINT = "Wan2.2-T2V-A14B-Diffusers"  # under --model-dir (--scale full), beside PickScore_v1
 ROLES = ("worker", "train")
 
 
-def gpu_memory_args(device: str) -> str:
-    """--gpu-memory-gb for a GPU run (refused with --device cpu, which has no GPU budget)."""
-    return f"--gpu-memory-gb {GPU_MEMORY_GB} " if device == "cuda" else ""
-
-
-@dataclass(frozen=True)
-class _Scale:
-    """What --scale changes; the flag blocks in execute() are the same at every scale."""
-
-    checkpoint_size: Optional[str]  # None: the released checkpoint and PickScore; else ours
-    device: str
-    dtype: str  # train and rollout forwards; the trained weights stay float32
+@dataclass(frozen=True, kw_only=True)
+class _Scale(U.RolloutScale):
     num_nodes: int  # default for --num-nodes: the nodes the job spans, the reward node included
     train_gpus_per_node: int  # GPUs (CPU slots on cpu), each holding a train rank and a rollout engine
-    reward_gpus: int  # for PickScore; 0 on cpu, where the workers are CPU actors
+    reward_gpus: int  # for PickScore, shared by the workers; 0 on cpu, where the workers are CPU actors
     reward_node: bool  # True: the reward GPU is a node of its own; False: on the train node
     height: int
     width: int
     frames: int  # 4k + 1 for the Wan VAE
-    num_steps: int  # denoising steps; the 2-step SDE window starts in 0..sde_window_max_start
-    sde_window_max_start: int
-    rollout_batch_size: int  # prompts per rollout
-    n_samples_per_prompt: int
-    rm_num_workers: int  # sharing the reward GPUs equally
-    num_prompts: int
-    num_rollout: int
-    eval_interval: Optional[int]  # None: no eval
-    save_interval: Optional[int]  # None: no checkpoints
-    deterministic: bool
+    sde_window_max_start: int  # the 2-step SDE window starts in 0..sde_window_max_start
 
 
 _SCALES: dict[str, _Scale] = {
     "full": _Scale(
-        checkpoint_size=None, device="cuda", dtype="bfloat16", num_nodes=3, train_gpus_per_node=8, reward_gpus=1,
-        reward_node=True, height=480, width=832, frames=33, num_steps=20, sde_window_max_start=16,
-        rollout_batch_size=16, n_samples_per_prompt=16, rm_num_workers=4, num_prompts=4000, num_rollout=200,
-        eval_interval=10, save_interval=10, deterministic=False,
+        U.FULL_SCALE, num_nodes=3, train_gpus_per_node=8, reward_gpus=1, reward_node=True, height=480, width=832,
+        frames=33, num_steps=20, sde_window_max_start=16, rollout_batch_size=16, n_samples_per_prompt=16,
+        rm_num_workers=4, num_prompts=4000, num_rollout=200, eval_interval=10, save_interval=10,
     ),
     "gpu-proxy": _Scale(
-        checkpoint_size="proxy", device="cuda", dtype="bfloat16", num_nodes=1, train_gpus_per_node=3,
-        reward_gpus=1, reward_node=False, height=256, width=256, frames=9, num_steps=10, sde_window_max_start=8,
-        rollout_batch_size=3, n_samples_per_prompt=4, rm_num_workers=4, num_prompts=64, num_rollout=4,
-        eval_interval=None, save_interval=None, deterministic=True,
+        U.GPU_PROXY, num_nodes=1, train_gpus_per_node=3, reward_gpus=1, reward_node=False, height=256, width=256,
+        frames=9, num_steps=10, sde_window_max_start=8, rollout_batch_size=3, n_samples_per_prompt=4,
+        rm_num_workers=4, num_prompts=64, num_rollout=4,
     ),
     "cpu-proxy": _Scale(
-        checkpoint_size="tiny", device="cpu", dtype="float32", num_nodes=1, train_gpus_per_node=2, reward_gpus=0,
-        reward_node=False, height=64, width=64, frames=5, num_steps=6, sde_window_max_start=4,
-        rollout_batch_size=2, n_samples_per_prompt=4, rm_num_workers=1, num_prompts=16, num_rollout=2,
-        eval_interval=None, save_interval=None, deterministic=True,
+        U.CPU_PROXY, num_nodes=1, train_gpus_per_node=2, reward_gpus=0, reward_node=False, height=64, width=64,
+        frames=5, num_steps=6, sde_window_max_start=4, rollout_batch_size=2, n_samples_per_prompt=4,
+        rm_num_workers=1, num_prompts=16, num_rollout=2,
     ),
 }
 
@@ -133,14 +109,9 @@ class ScriptArgs(U.ExecuteTrainConfig):
         metadata={"help": "full: Wan2.2 A14B on 2 nodes x 8 GPUs + 1 reward GPU; gpu-proxy: our proxy-size wan2_2 "
                           "on one node of 4 GPUs (the CI proxy); cpu-proxy: our tiny wan2_2 on CPU slots."},
     )
-    num_rollout: Optional[int] = field(
-        default=None, metadata={"help": "Rollouts to train; unset: 200 (full), 4 (gpu-proxy), 2 (cpu-proxy)."}
-    )
-    model_dir: str = field(
-        default=str(U.REPO_ROOT / "models"),
-        metadata={"help": "Released checkpoints are read from here; ours are created here once and reused."},
-    )
-    data_dir: str = field(default=str(U.REPO_ROOT / "data"), metadata={"help": "Where the prompt files are written."})
+    num_rollout: Optional[int] = U.num_rollout_option(_SCALES)
+    model_dir: str = U.model_dir_option()
+    data_dir: str = U.data_dir_option()
     head_port: int = field(
         default=6379,
         metadata={"help": "GCS port of the Ray head `train` starts for a multi-node job (workers join "
@@ -169,42 +140,14 @@ class WorkerArgs:
     )
 
 
-class Assets(NamedTuple):
-    checkpoint: str
-    pickscore: str
-    prompt_data: str
-    eval_prompt_data: str
-
-
-def prepare(args: ScriptArgs) -> Assets:
+def prepare(args: ScriptArgs) -> U.Assets:
     """Make (once) the checkpoint, the PickScore model and the prompts; a dry run only names them."""
+    return U.ensure_assets(FAMILY, _SCALES[args.scale], args.model_dir, args.data_dir,
+                           released=RELEASED_CHECKPOINT, pickscore=True)
+
+
+def execute(args: ScriptArgs, assets: U.Assets) -> None:
     scale = _SCALES[args.scale]
-    model_dir, data_dir = Path(args.model_dir), Path(args.data_dir)
-    if scale.checkpoint_size is None:  # prerequisites, not checked here
-        checkpoint, pickscore = model_dir / RELEASED_CHECKPOINT, model_dir / RELEASED_PICKSCORE
-    else:
-        checkpoint = model_dir / f"miles-{FAMILY}-{scale.checkpoint_size}-seed0"
-        pickscore = model_dir / "tiny-pickscore-seed0"
-    prompt_data = data_dir / f"general_prompts_{scale.num_prompts}.jsonl"
-    eval_prompt_data = data_dir / "general_eval_prompts_64.jsonl"
-    if not U.is_dry_run():
-        from miles.rollout.prompts import ensure_prompt_file
-
-        ensure_prompt_file("general", prompt_data, num_prompts=scale.num_prompts, seed=0)
-        ensure_prompt_file("general", eval_prompt_data, num_prompts=64, seed=1)
-        if scale.checkpoint_size is not None:
-            from miles.models.create_checkpoint import ensure_checkpoint
-            from miles.rollout.rm_hub.pickscore import ensure_tiny_pickscore
-
-            checkpoint = ensure_checkpoint(FAMILY, scale.checkpoint_size, 0, model_dir)
-            pickscore = ensure_tiny_pickscore(model_dir, seed=0)
-    return Assets(str(checkpoint), str(pickscore), str(prompt_data), str(eval_prompt_data))
-
-
-def execute(args: ScriptArgs, assets: Assets) -> None:
-    scale = _SCALES[args.scale]
-    num_rollout = args.num_rollout if args.num_rollout is not None else scale.num_rollout
-    run_dir = Path(args.output_dir).resolve() / args.run_id
     job_nodes = args.num_nodes or scale.num_nodes
     train_nodes = job_nodes - (1 if scale.reward_node else 0)
     if train_nodes < 1:
@@ -213,15 +156,12 @@ def execute(args: ScriptArgs, assets: Assets) -> None:
     gpus_per_node = scale.train_gpus_per_node + (0 if scale.reward_node else scale.reward_gpus)
     total_gpus = train_nodes * scale.train_gpus_per_node + scale.reward_gpus
 
-    ckpt_args = f"--hf-checkpoint {assets.checkpoint} --diffusion-model-family {FAMILY} "
-    if scale.save_interval:
-        ckpt_args += f"--save {run_dir / 'checkpoints'} --save-interval {scale.save_interval} "
+    ckpt_args = U.ckpt_args(FAMILY, assets.checkpoint, args, scale.save_interval)
 
     rollout_args = (
-        f"--prompt-data {assets.prompt_data} --input-key prompt --rollout-shuffle "
-        f"--num-rollout {num_rollout} "
-        f"--rollout-batch-size {scale.rollout_batch_size} --n-samples-per-prompt {scale.n_samples_per_prompt} "
-        f"--diffusion-height {scale.height} --diffusion-width {scale.width} "
+        U.prompt_batch_args(assets.prompt_data, scale.num_rollout_or_default(args.num_rollout),
+                            scale.rollout_batch_size, scale.n_samples_per_prompt)
+        + f"--diffusion-height {scale.height} --diffusion-width {scale.width} "
         f"--diffusion-output-num-frames {scale.frames} "
         f"--diffusion-num-steps {scale.num_steps} --diffusion-num-sde-steps 2 "
         f"--diffusion-step-strategy-path sde_window --diffusion-sde-window-max-start {scale.sde_window_max_start} "
@@ -229,53 +169,36 @@ def execute(args: ScriptArgs, assets: Assets) -> None:
         "--diffusion-guidance-scale 4.0 --diffusion-guidance-scale-2 3.0 "  # high-noise, low-noise expert
     )
 
-    eval_args = ""
-    if scale.eval_interval:
-        eval_args = f"--eval-interval {scale.eval_interval} --eval-prompt-data {assets.eval_prompt_data} "
+    eval_args = U.eval_args(assets.eval_prompt_data, scale.eval_interval)
 
-    grpo_args = (
-        "--loss-type policy_loss --advantage-estimator grpo "
-        "--diffusion-clip-range 1e-4 --diffusion-adv-clip-max 5.0 "
-        "--num-steps-per-rollout 2 "
-    )
+    grpo_args = U.flow_grpo_args()
 
-    optimizer_args = "--lr 5e-6 --adam-beta1 0.9 --adam-beta2 0.999 --weight-decay 1e-4 --clip-grad 1.0 "
+    optimizer_args = U.optimizer_args(lr="5e-6")
 
     lora_args = ""  # full finetune of both experts
 
-    reward_args = (
-        f"--rm-type pickscore --pickscore-model-path {assets.pickscore} "
-        f"--rm-num-workers {scale.rm_num_workers} "
-        f"--rm-num-gpus-per-worker {scale.reward_gpus / scale.rm_num_workers:g} "
+    reward_args = U.pickscore_args(
+        assets.pickscore, scale.rm_num_workers, U.reward_gpus_per_worker(scale.reward_gpus, scale.rm_num_workers)
     )
 
-    engine_args = (
-        f"--rollout-num-gpus {train_nodes * scale.train_gpus_per_node} --rollout-num-gpus-per-engine 1 "
-    )
+    engine_args = U.engine_args(train_nodes * scale.train_gpus_per_node)
 
-    train_backend_args = (
-        f"--param-dtype float32 --compute-dtype {scale.dtype} --rollout-dtype {scale.dtype} "
-        "--update-weight-target-module transformer transformer_2 "
-    )
+    train_backend_args = U.train_backend_args(scale.dtype, update_weights="transformer transformer_2")
 
-    perf_args = "--micro-batch-size 1 --train-dp-split-mode contiguous "  # one pair per forward: one expert
-    if scale.device == "cuda":
-        perf_args += "--gradient-checkpointing "
+    # one pair per forward: one expert
+    perf_args = U.flat_micro_batch_args(1) + U.gradient_checkpointing_args(scale.device)
 
     misc_args = (
-        f"--device {scale.device} " + gpu_memory_args(scale.device)
-        + f"--actor-num-nodes {train_nodes} "
-        f"--actor-num-gpus-per-node {scale.train_gpus_per_node} "
-        f"--num-nodes {job_nodes} --num-gpus-per-node {gpus_per_node} --colocate "
-        "--diffusion-debug-mode "  # log train/rollout parity (exactly 0.0 when healthy)
+        U.gpu_layout_args(scale.device, GPU_MEMORY_GB, train_gpus=scale.train_gpus_per_node,
+                          gpus_per_node=gpus_per_node, train_nodes=train_nodes, job_nodes=job_nodes)
+        + "--colocate --diffusion-debug-mode "  # log train/rollout parity (exactly 0.0 when healthy)
+        + U.deterministic_args(scale.deterministic)
     )
-    if scale.deterministic:
-        misc_args += "--deterministic-mode "
 
     def wait_for_every_node(cluster: U.ClusterInfo) -> None:
         """Submit only once the train nodes and the reward GPU have all joined."""
         U.wait_for_cluster_resources(
-            cluster.job_server_url, num_nodes=job_nodes, num_gpus=0 if scale.device == "cpu" else total_gpus,
+            cluster.job_server_url, num_nodes=job_nodes, num_gpus=scale.ray_gpus(total_gpus),
         )
 
     train_args = " ".join([
@@ -284,7 +207,7 @@ def execute(args: ScriptArgs, assets: Assets) -> None:
     ])
     U.execute_train(
         train_args=train_args,
-        num_gpus_per_node=0 if scale.device == "cpu" else gpus_per_node,
+        num_gpus_per_node=scale.ray_gpus(gpus_per_node),
         config=dataclasses.replace(args, num_nodes=job_nodes),
         before_ray_job_submit=wait_for_every_node,
         ray_head_port=args.head_port if job_nodes > 1 else None,

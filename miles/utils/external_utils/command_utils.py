@@ -6,6 +6,9 @@ a Ray job. The pieces live in sibling modules; this one gathers what recipes cal
 
 Nothing here imports torch or Ray at module level: a dry run (MILES_SCRIPT_ENABLE_RAY_SUBMIT=0)
 must stay fast and side-effect free. See docs/launch-scripts.md.
+
+What scaled recipes share lives in recipe_options (the `_Scale` base, --model-dir, --data-dir,
+--num-rollout), recipe_assets (checkpoint, PickScore, prompt files) and flag_blocks.
 """
 
 from __future__ import annotations
@@ -15,11 +18,47 @@ import shlex
 from pathlib import Path
 
 from miles.utils.external_utils.config import REPO_ROOT, ExecuteTrainConfig, create_run_id
+from miles.utils.external_utils.flag_blocks import (
+    COLOCATED_REWARD_SHARE,
+    ckpt_args,
+    cpu_reward_args,
+    deterministic_args,
+    engine_args,
+    eval_args,
+    flat_micro_batch_args,
+    flow_grpo_args,
+    gpu_layout_args,
+    gradient_checkpointing_args,
+    optimizer_args,
+    pickscore_args,
+    prompt_batch_args,
+    reward_gpus_per_worker,
+    run_dir,
+    tile_args,
+    train_backend_args,
+)
 from miles.utils.external_utils.launch_mode import is_dry_run, is_external_ray
 from miles.utils.external_utils.local_cluster import start_ray_worker
 from miles.utils.external_utils.pipeline import pipeline_state_dir, run_pipeline, select_recipe
 from miles.utils.external_utils.plan import read_plan
 from miles.utils.external_utils.processes import exec_command
+from miles.utils.external_utils.recipe_assets import (
+    Assets,
+    ensure_assets,
+    ensure_pickscore,
+    ensure_prompt_files,
+    ensure_recipe_checkpoint,
+)
+from miles.utils.external_utils.recipe_options import (
+    CPU_PROXY,
+    FULL_SCALE,
+    GPU_PROXY,
+    RolloutScale,
+    Scale,
+    data_dir_option,
+    model_dir_option,
+    num_rollout_option,
+)
 from miles.utils.external_utils.ray_cluster import wait_for_cluster_resources
 from miles.utils.external_utils.train_launch import ClusterInfo, LaunchError, execute_train
 from miles.utils.typer_utils import dataclass_cli, dataclass_cli_app, print_options_table
@@ -29,6 +68,13 @@ __all__ = [
     "dataclass_cli_app", "exec_command", "execute_train", "get_default_wandb_args", "is_dry_run",
     "is_external_ray", "pipeline_state_dir", "print_options_table", "read_plan", "run_pipeline",
     "select_recipe", "start_ray_worker", "wait_for_cluster_resources",
+    # a recipe's scales, options and assets
+    "CPU_PROXY", "FULL_SCALE", "GPU_PROXY", "Assets", "RolloutScale", "Scale", "data_dir_option", "ensure_assets",
+    "ensure_pickscore", "ensure_prompt_files", "ensure_recipe_checkpoint", "model_dir_option", "num_rollout_option",
+    # the parts of the flag blocks every recipe writes the same way
+    "COLOCATED_REWARD_SHARE", "ckpt_args", "cpu_reward_args", "deterministic_args", "engine_args", "eval_args", "flat_micro_batch_args",
+    "flow_grpo_args", "gpu_layout_args", "gradient_checkpointing_args", "optimizer_args", "pickscore_args",
+    "prompt_batch_args", "reward_gpus_per_worker", "run_dir", "tile_args", "train_backend_args",
 ]
 
 

@@ -1,0 +1,135 @@
+"""The parts of a recipe's flag blocks that every recipe writes the same way; each returns
+train_diffusion.py flags as text ending in a space, ready to concatenate into a block.
+
+What makes a recipe that recipe (its sampler, loss, learning rate, LoRA, layout) stays in its
+execute(); these carry the plumbing around it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+from miles.utils.external_utils.config import ExecuteTrainConfig
+
+# A train rank, its engine and the reward workers sharing one GPU take 0.5 / 0.25 / 0.25 of it.
+COLOCATED_REWARD_SHARE = 0.25
+
+
+def run_dir(config: ExecuteTrainConfig) -> Path:
+    """`<output-dir>/<run-id>`, where the launcher runs the job."""
+    return Path(config.output_dir).resolve() / config.run_id
+
+
+def ckpt_args(family: str, checkpoint: str, config: ExecuteTrainConfig, save_interval: Optional[int]) -> str:
+    """The checkpoint trained from, and (every save_interval rollouts) the run's own checkpoints."""
+    words = f"--hf-checkpoint {checkpoint} --diffusion-model-family {family} "
+    if save_interval:
+        words += f"--save {run_dir(config) / 'checkpoints'} --save-interval {save_interval} "
+    return words
+
+
+def prompt_batch_args(
+    prompt_data: str, num_rollout: int, batch_size: int, samples_per_prompt: int, *,
+    metadata: bool = False, rollout_seed: Optional[int] = None,
+) -> str:
+    """The prompt file, shuffled, and the batch: prompts per rollout x samples per prompt."""
+    metadata_key = "--metadata-key metadata " if metadata else ""
+    seed = f"--rollout-seed {rollout_seed} " if rollout_seed is not None else ""
+    return (
+        f"--prompt-data {prompt_data} --input-key prompt {metadata_key}--rollout-shuffle --num-rollout {num_rollout} "
+        f"{seed}--rollout-batch-size {batch_size} --n-samples-per-prompt {samples_per_prompt} "
+    )
+
+
+def eval_args(eval_prompt_data: str, eval_interval: Optional[int]) -> str:
+    """Eval on the eval prompts every eval_interval rollouts; "" when the scale does not evaluate."""
+    if not eval_interval:
+        return ""
+    return f"--eval-interval {eval_interval} --eval-prompt-data {eval_prompt_data} "
+
+
+def flow_grpo_args(clip_range: str = "1e-4") -> str:
+    """Flow-GRPO's policy loss: group-normalised advantages, PPO clip, 2 optimizer steps per rollout."""
+    return (
+        f"--loss-type policy_loss --advantage-estimator grpo --diffusion-clip-range {clip_range} "
+        "--diffusion-adv-clip-max 5.0 --num-steps-per-rollout 2 "
+    )
+
+
+def optimizer_args(lr: str | float, weight_decay: str = "1e-4", schedule: str = "") -> str:
+    """AdamW with the recipes' betas and gradient clip; `schedule` flags follow the learning rate."""
+    return f"--lr {lr} {schedule}--adam-beta1 0.9 --adam-beta2 0.999 --weight-decay {weight_decay} --clip-grad 1.0 "
+
+
+def cpu_reward_args(rm_type: str, num_workers: int) -> str:
+    """A reward computed by CPU actors (no GPU share)."""
+    return f"--rm-type {rm_type} --rm-num-workers {num_workers} --rm-num-gpus-per-worker 0 "
+
+
+def pickscore_args(pickscore: str, num_workers: int, gpus_per_worker: float, colocate: bool = False) -> str:
+    """PickScore workers, each on a slice of a GPU; with colocate, beside the engines on their GPUs."""
+    return (
+        f"--rm-type pickscore --pickscore-model-path {pickscore} "
+        f"--rm-num-workers {num_workers} --rm-num-gpus-per-worker {gpus_per_worker:g} "
+        + ("--colocate-reward " if colocate else "")
+    )
+
+
+def reward_gpus_per_worker(reward_gpus: int, num_workers: int, colocate: bool = False) -> float:
+    """Workers share the reward GPUs equally, or with colocate COLOCATED_REWARD_SHARE of the train GPU."""
+    return (COLOCATED_REWARD_SHARE if colocate else reward_gpus) / num_workers
+
+
+def engine_args(num_gpus: int) -> str:
+    """One rollout engine per GPU (per CPU slot on cpu)."""
+    return f"--rollout-num-gpus {num_gpus} --rollout-num-gpus-per-engine 1 "
+
+
+def train_backend_args(dtype: str, update_weights: str = "transformer", rollout: bool = True) -> str:
+    """float32 trained weights, `dtype` forwards (and rollouts); the modules synced to the engines."""
+    words = f"--param-dtype float32 --compute-dtype {dtype} "
+    if rollout:
+        words += f"--rollout-dtype {dtype} "
+    if update_weights:
+        words += f"--update-weight-target-module {update_weights} "
+    return words
+
+
+def tile_args(samples: int) -> str:
+    """A 2D micro-batch tile of `samples` samples x 1 timestep, visited sample-major."""
+    return (
+        f"--micro-batch-size-sample {samples} --micro-batch-size-tstep 1 "
+        "--diffusion-train-iter-order sample-major --train-dp-split-mode contiguous "
+    )
+
+
+def flat_micro_batch_args(pairs: int) -> str:
+    """A flat micro-batch of `pairs` consecutive train pairs per forward."""
+    return f"--micro-batch-size {pairs} --train-dp-split-mode contiguous "
+
+
+def gradient_checkpointing_args(device: str) -> str:
+    return "--gradient-checkpointing " if device == "cuda" else ""
+
+
+def gpu_memory_args(device: str, gpu_memory_gb: Optional[int]) -> str:
+    """--gpu-memory-gb for a GPU run (refused with --device cpu, which has no GPU budget); None: no budget."""
+    return f"--gpu-memory-gb {gpu_memory_gb} " if device == "cuda" and gpu_memory_gb is not None else ""
+
+
+def gpu_layout_args(
+    device: str, gpu_memory_gb: Optional[int], train_gpus: int, gpus_per_node: int, *,
+    train_nodes: int = 1, job_nodes: Optional[int] = None,
+) -> str:
+    """The device and its memory budget, the train ranks (nodes x GPUs) and the GPUs of each node."""
+    job_nodes_args = f"--num-nodes {job_nodes} " if job_nodes is not None else ""
+    return (
+        f"--device {device} " + gpu_memory_args(device, gpu_memory_gb)
+        + f"--actor-num-nodes {train_nodes} --actor-num-gpus-per-node {train_gpus} "
+        + f"{job_nodes_args}--num-gpus-per-node {gpus_per_node} "
+    )
+
+
+def deterministic_args(deterministic: bool) -> str:
+    return "--deterministic-mode " if deterministic else ""

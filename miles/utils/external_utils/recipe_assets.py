@@ -1,0 +1,81 @@
+"""What a recipe trains on: its checkpoint, its PickScore model and its prompt files.
+
+Each is named in every run and made (once, then reused) only outside a dry run, which must stay
+free of side effects and of torch: the makers are imported when they are called.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import NamedTuple, Optional
+
+from miles.utils.external_utils.launch_mode import is_dry_run
+from miles.utils.external_utils.recipe_options import RolloutScale
+
+RELEASED_PICKSCORE = "PickScore_v1"  # a CLIPModel folder under --model-dir, for --scale full
+EVAL_PROMPTS = 64
+SEED = 0  # of the checkpoints and the PickScore model we create
+
+PathLike = str | os.PathLike
+
+
+class Assets(NamedTuple):
+    checkpoint: str
+    prompt_data: str
+    eval_prompt_data: str = ""  # "" when the recipe does not evaluate
+    pickscore: str = ""  # "" when the reward needs no PickScore model
+
+
+def ensure_recipe_checkpoint(family: str, size: Optional[str], model_dir: PathLike, released: str = "") -> str:
+    """`<model-dir>/<released>` when size is None (a prerequisite, not checked here); else ours,
+    `<model-dir>/miles-<family>-<size>-seed0`, created once outside a dry run."""
+    model_dir = Path(model_dir)
+    if size is None:
+        return str(model_dir / released)
+    if is_dry_run():
+        return str(model_dir / f"miles-{family}-{size}-seed{SEED}")
+    from miles.models.create_checkpoint import ensure_checkpoint
+
+    return str(ensure_checkpoint(family, size, SEED, model_dir))
+
+
+def ensure_pickscore(size: Optional[str], model_dir: PathLike) -> str:
+    """The released PickScore beside a released checkpoint (size None); else our tiny CLIP."""
+    model_dir = Path(model_dir)
+    if size is None:
+        return str(model_dir / RELEASED_PICKSCORE)
+    if is_dry_run():
+        return str(model_dir / f"tiny-pickscore-seed{SEED}")
+    from miles.rollout.rm_hub.pickscore import ensure_tiny_pickscore
+
+    return str(ensure_tiny_pickscore(model_dir, seed=SEED))
+
+
+def ensure_prompt_files(
+    kind: str, data_dir: PathLike, num_prompts: int, eval_prompts: int = EVAL_PROMPTS
+) -> tuple[str, str]:
+    """`<kind>_prompts_<n>.jsonl` (seed 0) and `<kind>_eval_prompts_<m>.jsonl` (seed 1, "" when
+    eval_prompts is 0): the built-in prompt set `kind` of miles.rollout.prompts."""
+    data_dir = Path(data_dir)
+    prompt_data = data_dir / f"{kind}_prompts_{num_prompts}.jsonl"
+    eval_prompt_data = data_dir / f"{kind}_eval_prompts_{eval_prompts}.jsonl" if eval_prompts else None
+    if not is_dry_run():
+        from miles.rollout.prompts import ensure_prompt_file
+
+        ensure_prompt_file(kind, prompt_data, num_prompts=num_prompts, seed=0)
+        if eval_prompt_data is not None:
+            ensure_prompt_file(kind, eval_prompt_data, num_prompts=eval_prompts, seed=1)
+    return str(prompt_data), str(eval_prompt_data or "")
+
+
+def ensure_assets(
+    family: str, scale: RolloutScale, model_dir: PathLike, data_dir: PathLike, *,
+    released: str, prompts: str = "general", pickscore: bool = False,
+) -> Assets:
+    """The checkpoint for the scale, its train and eval prompt files and, with pickscore, the
+    PickScore model that goes with the checkpoint; a dry run only names them."""
+    prompt_data, eval_prompt_data = ensure_prompt_files(prompts, data_dir, scale.num_prompts)
+    checkpoint = ensure_recipe_checkpoint(family, scale.checkpoint_size, model_dir, released)
+    reward_model = ensure_pickscore(scale.checkpoint_size, model_dir) if pickscore else ""
+    return Assets(checkpoint, prompt_data, eval_prompt_data, reward_model)

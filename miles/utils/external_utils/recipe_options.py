@@ -1,0 +1,98 @@
+"""What every scaled recipe shares in its `_SCALES` table and its ScriptArgs: the base of a
+`_Scale` row and the options that say where assets live and how many rollouts to train.
+
+A recipe's `_Scale` inherits `U.Scale` (or `U.RolloutScale`, for recipes with rollout engines
+and a reward) and adds only the fields of its own; rows are written with keywords.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from miles.utils.external_utils.config import REPO_ROOT
+
+MODEL_DIR_HELP = "Released checkpoints are read from here; ours are created here once and reused."
+DATA_DIR_HELP = "Where the prompt files are written."
+
+
+@dataclass(frozen=True)
+class ScaleKind:
+    """Whose checkpoint a scale trains, on which device and dtype, and whether bit-reproducibly."""
+
+    checkpoint_size: Optional[str]  # None: the released checkpoint (and PickScore); "proxy" / "tiny": ours
+    device: str  # "cpu": CPU slots stand in for the GPUs
+    dtype: str  # train and rollout forwards; the trained weights stay float32
+    deterministic: bool
+
+
+FULL_SCALE = ScaleKind(None, "cuda", "bfloat16", deterministic=False)  # the released models, as published
+GPU_PROXY = ScaleKind("proxy", "cuda", "bfloat16", deterministic=True)  # our proxy-size models, on GPUs
+CPU_PROXY = ScaleKind("tiny", "cpu", "float32", deterministic=True)  # our tiny models, on CPU slots
+
+
+@dataclass(frozen=True, kw_only=True)
+class Scale:
+    """What --scale changes; the flag blocks in execute() are the same at every scale."""
+
+    kind: ScaleKind = field(kw_only=False)
+    num_rollout: int  # what an unset --num-rollout means
+    save_interval: Optional[int] = None  # None: no checkpoints
+
+    @property
+    def checkpoint_size(self) -> Optional[str]:
+        return self.kind.checkpoint_size
+
+    @property
+    def device(self) -> str:
+        return self.kind.device
+
+    @property
+    def dtype(self) -> str:
+        return self.kind.dtype
+
+    @property
+    def deterministic(self) -> bool:
+        return self.kind.deterministic
+
+    def num_rollout_or_default(self, chosen: Optional[int]) -> int:
+        """--num-rollout when given, else this scale's own number."""
+        return self.num_rollout if chosen is None else chosen
+
+    def ray_gpus(self, gpus: int) -> int:
+        """GPUs the Ray head offers: none on cpu, where CPU slots stand in for them."""
+        return 0 if self.device == "cpu" else gpus
+
+
+@dataclass(frozen=True, kw_only=True)
+class RolloutScale(Scale):
+    """A scale of a recipe that samples with rollout engines and scores with reward workers."""
+
+    num_steps: int  # denoising steps
+    rollout_batch_size: int  # prompts per rollout
+    n_samples_per_prompt: int
+    rm_num_workers: int
+    num_prompts: int  # size of the generated prompt file
+    eval_interval: Optional[int] = None  # None: no eval
+
+
+def model_dir_option(help: str = MODEL_DIR_HELP) -> Any:
+    return field(default=str(REPO_ROOT / "models"), metadata={"help": help})
+
+
+def data_dir_option(help: str = DATA_DIR_HELP) -> Any:
+    return field(default=str(REPO_ROOT / "data"), metadata={"help": help})
+
+
+def num_rollout_option(scales: Mapping[str, Scale], what: str = "Rollouts to train") -> Any:
+    """`--num-rollout`, unset by default: each scale then trains its own number, listed in the help."""
+    return field(default=None, metadata={"help": f"{what}; unset: {_defaults_by_scale(scales)}."})
+
+
+def _defaults_by_scale(scales: Mapping[str, Scale]) -> str:
+    """`300 (full), 4 (gpu-proxy), 2 (1gpu-proxy, cpu-proxy)`: scales with the same number together."""
+    names_by_count: dict[int, list[str]] = {}
+    for name, scale in scales.items():
+        names_by_count.setdefault(scale.num_rollout, []).append(name)
+    return ", ".join(f"{count} ({', '.join(names)})" for count, names in names_by_count.items())
