@@ -44,23 +44,22 @@ class _Scale(U.RolloutScale):
     resolution: int
     sde_window_max_start: int  # the SDE window of 2 trained steps starts in 0..sde_window_max_start
     tile_samples: int  # micro-batch tile: samples x 1 timestep per forward
-    rm_gpus_per_worker: float  # PickScore workers' slice of an engine's GPU; 0 on cpu, where they are CPU actors
 
 
-_SCALES: dict[str, _Scale] = {
+_SCALES: dict[str, _Scale] = {  # PickScore workers beside the engines, on a slice of their GPUs
     "full": _Scale(
         U.FULL_SCALE, train_ranks=4, resolution=768, num_steps=10, sde_window_max_start=3, rollout_batch_size=16,
-        n_samples_per_prompt=8, tile_samples=8, rm_num_workers=4, rm_gpus_per_worker=0.1, num_prompts=4000,
-        num_rollout=300, eval_interval=10, save_interval=20,
+        n_samples_per_prompt=8, tile_samples=8, rm_num_workers=4, reward_gpus=0.4, colocate_reward=True,
+        num_prompts=4000, num_rollout=300, eval_interval=10, save_interval=20,
     ),
     "gpu-proxy": _Scale(
         U.GPU_PROXY, train_ranks=4, resolution=256, num_steps=10, sde_window_max_start=3, rollout_batch_size=8,
-        n_samples_per_prompt=4, tile_samples=4, rm_num_workers=4, rm_gpus_per_worker=0.1, num_prompts=64,
+        n_samples_per_prompt=4, tile_samples=4, rm_num_workers=4, reward_gpus=0.4, colocate_reward=True, num_prompts=64,
         num_rollout=4,
     ),
     "cpu-proxy": _Scale(
         U.CPU_PROXY, train_ranks=2, resolution=64, num_steps=6, sde_window_max_start=2, rollout_batch_size=2,
-        n_samples_per_prompt=4, tile_samples=2, rm_num_workers=1, rm_gpus_per_worker=0, num_prompts=16,
+        n_samples_per_prompt=4, tile_samples=2, rm_num_workers=1, colocate_reward=True, num_prompts=16,
         num_rollout=2,
     ),
 }
@@ -80,8 +79,7 @@ class ScriptArgs(U.ExecuteTrainConfig):
 
 def prepare(args: ScriptArgs) -> U.Assets:
     """Make (once) the checkpoint, the PickScore model and the prompts; a dry run only names them."""
-    return U.ensure_assets(FAMILY, _SCALES[args.scale], args.model_dir, args.data_dir,
-                           released=RELEASED_CHECKPOINT, pickscore=True)
+    return U.ensure_assets(FAMILY, _SCALES[args.scale], args, released=RELEASED_CHECKPOINT, pickscore=True)
 
 
 def execute(args: ScriptArgs, assets: U.Assets) -> None:
@@ -90,8 +88,7 @@ def execute(args: ScriptArgs, assets: U.Assets) -> None:
     ckpt_args = U.ckpt_args(FAMILY, assets.checkpoint, args, scale.save_interval)
 
     rollout_args = (
-        U.prompt_batch_args(assets.prompt_data, scale.num_rollout_or_default(args.num_rollout),
-                            scale.rollout_batch_size, scale.n_samples_per_prompt)
+        U.rollout_batch_args(assets.prompt_data, scale, args.num_rollout)
         + f"--diffusion-height {scale.resolution} --diffusion-width {scale.resolution} "
         f"--diffusion-num-steps {scale.num_steps} --diffusion-num-sde-steps 2 "
         f"--diffusion-step-strategy-path sde_window --diffusion-sde-window-max-start {scale.sde_window_max_start} "
@@ -106,8 +103,7 @@ def execute(args: ScriptArgs, assets: U.Assets) -> None:
 
     lora_args = ""  # full finetune
 
-    # PickScore workers beside the engines, each on a slice of an engine's GPU
-    reward_args = U.pickscore_args(assets.pickscore, scale.rm_num_workers, scale.rm_gpus_per_worker, colocate=True)
+    reward_args = U.pickscore_args(assets.pickscore, scale)
 
     engine_args = U.engine_args(scale.train_ranks)
 
@@ -115,11 +111,7 @@ def execute(args: ScriptArgs, assets: U.Assets) -> None:
 
     perf_args = U.tile_args(scale.tile_samples) + U.gradient_checkpointing_args(scale.device)
 
-    misc_args = (
-        U.gpu_layout_args(scale.device, GPU_MEMORY_GB, train_gpus=scale.train_ranks, gpus_per_node=scale.train_ranks)
-        + "--colocate --diffusion-debug-mode "  # log train/rollout parity (exactly 0.0 when healthy)
-        + U.deterministic_args(scale.deterministic)
-    )
+    misc_args = U.colocated_misc_args(scale, GPU_MEMORY_GB, scale.train_ranks, scale.train_ranks)
 
     train_args = " ".join([
         ckpt_args, rollout_args, eval_args, grpo_args, optimizer_args, lora_args, reward_args, engine_args,

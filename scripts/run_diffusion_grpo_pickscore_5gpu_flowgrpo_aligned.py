@@ -57,8 +57,6 @@ class _Scale(U.RolloutScale):
     resolution: int
     sde_window_max_start: int  # the SDE window of 2 trained steps starts in 0..sde_window_max_start
     tile_samples: int  # micro-batch tile: samples x 1 timestep per forward
-    reward_gpus: int  # a GPU of its own for PickScore, shared by the workers; 0 on cpu (CPU actors)
-    colocate_reward: bool = False  # the reward workers take U.COLOCATED_REWARD_SHARE of the train GPU
 
 
 _SCALES: dict[str, _Scale] = {
@@ -71,9 +69,9 @@ _SCALES: dict[str, _Scale] = {
         U.GPU_PROXY, train_ranks=4, resolution=256, num_steps=10, sde_window_max_start=3, rollout_batch_size=8,
         n_samples_per_prompt=8, tile_samples=8, reward_gpus=1, rm_num_workers=4, num_prompts=64, num_rollout=4,
     ),
-    "1gpu-proxy": _Scale(  # rank, engine and reward workers share one GPU
+    "1gpu-proxy": _Scale(  # rank, engine and reward workers share one GPU: 0.5 / 0.25 / 0.25
         U.GPU_PROXY, train_ranks=1, resolution=256, num_steps=10, sde_window_max_start=3, rollout_batch_size=2,
-        n_samples_per_prompt=8, tile_samples=8, reward_gpus=0, rm_num_workers=1, num_prompts=64, num_rollout=2,
+        n_samples_per_prompt=8, tile_samples=8, reward_gpus=0.25, rm_num_workers=1, num_prompts=64, num_rollout=2,
         colocate_reward=True,
     ),
     "cpu-proxy": _Scale(
@@ -98,19 +96,17 @@ class ScriptArgs(U.ExecuteTrainConfig):
 
 def prepare(args: ScriptArgs) -> U.Assets:
     """Make (once) the checkpoint, the PickScore model and the prompts; a dry run only names them."""
-    return U.ensure_assets(FAMILY, _SCALES[args.scale], args.model_dir, args.data_dir,
-                           released=RELEASED_CHECKPOINT, pickscore=True)
+    return U.ensure_assets(FAMILY, _SCALES[args.scale], args, released=RELEASED_CHECKPOINT, pickscore=True)
 
 
 def execute(args: ScriptArgs, assets: U.Assets) -> None:
     scale = _SCALES[args.scale]
-    gpus_per_node = scale.train_ranks + scale.reward_gpus
+    gpus_per_node = scale.train_ranks + scale.separate_reward_gpus
 
     ckpt_args = U.ckpt_args(FAMILY, assets.checkpoint, args, scale.save_interval)
 
     rollout_args = (
-        U.prompt_batch_args(assets.prompt_data, scale.num_rollout_or_default(args.num_rollout),
-                            scale.rollout_batch_size, scale.n_samples_per_prompt)
+        U.rollout_batch_args(assets.prompt_data, scale, args.num_rollout)
         + f"--diffusion-height {scale.resolution} --diffusion-width {scale.resolution} "
         f"--diffusion-num-steps {scale.num_steps} --diffusion-num-sde-steps 2 "
         f"--diffusion-step-strategy-path sde_window --diffusion-sde-window-max-start {scale.sde_window_max_start} "
@@ -126,10 +122,7 @@ def execute(args: ScriptArgs, assets: U.Assets) -> None:
 
     lora_args = "--use-lora --lora-rank 64 --lora-alpha 128 "
 
-    reward_gpus_per_worker = U.reward_gpus_per_worker(scale.reward_gpus, scale.rm_num_workers, scale.colocate_reward)
-    reward_args = U.pickscore_args(
-        assets.pickscore, scale.rm_num_workers, reward_gpus_per_worker, colocate=scale.colocate_reward
-    )
+    reward_args = U.pickscore_args(assets.pickscore, scale)
 
     engine_args = U.engine_args(scale.train_ranks)
 
@@ -137,11 +130,7 @@ def execute(args: ScriptArgs, assets: U.Assets) -> None:
 
     perf_args = U.tile_args(scale.tile_samples) + U.gradient_checkpointing_args(scale.device)
 
-    misc_args = (
-        U.gpu_layout_args(scale.device, GPU_MEMORY_GB, train_gpus=scale.train_ranks, gpus_per_node=gpus_per_node)
-        + "--colocate --diffusion-debug-mode "  # log train/rollout parity (exactly 0.0 when healthy)
-        + U.deterministic_args(scale.deterministic)
-    )
+    misc_args = U.colocated_misc_args(scale, GPU_MEMORY_GB, scale.train_ranks, gpus_per_node)
 
     train_args = " ".join([
         ckpt_args, rollout_args, eval_args, grpo_args, optimizer_args, lora_args, reward_args, engine_args,

@@ -100,8 +100,7 @@ class ScriptArgs(U.ExecuteTrainConfig):
 def prepare(args: ScriptArgs) -> U.Assets:
     """Make (once) the checkpoint and the OCR prompt files; a dry run only names their paths."""
     recipe = U.select_recipe(_RECIPES, args.model_name)
-    return U.ensure_assets(FAMILY, _SCALES[args.scale], args.model_dir, args.data_dir,
-                           released=recipe.checkpoint, prompts="ocr")
+    return U.ensure_assets(FAMILY, _SCALES[args.scale], args, released=recipe.checkpoint, prompts="ocr")
 
 
 def execute(args: ScriptArgs, assets: U.Assets) -> None:
@@ -110,8 +109,7 @@ def execute(args: ScriptArgs, assets: U.Assets) -> None:
     ckpt_args = U.ckpt_args(FAMILY, assets.checkpoint, args, scale.save_interval)
 
     rollout_args = (
-        U.prompt_batch_args(assets.prompt_data, scale.num_rollout_or_default(args.num_rollout),
-                            scale.rollout_batch_size, scale.n_samples_per_prompt, metadata=True)
+        U.rollout_batch_args(assets.prompt_data, scale, args.num_rollout, metadata=True)
         + f"--diffusion-height {scale.resolution} --diffusion-width {scale.resolution} "
         f"--diffusion-num-steps {scale.num_steps} --diffusion-num-sde-steps 2 "
         f"--diffusion-step-strategy-path sde_window --diffusion-sde-window-max-start {scale.sde_window_max_start} "
@@ -139,11 +137,7 @@ def execute(args: ScriptArgs, assets: U.Assets) -> None:
 
     perf_args = U.tile_args(scale.tile_samples) + U.gradient_checkpointing_args(scale.device)
 
-    misc_args = (
-        U.gpu_layout_args(scale.device, GPU_MEMORY_GB, train_gpus=scale.train_ranks, gpus_per_node=scale.train_ranks)
-        + "--colocate --diffusion-debug-mode "  # log train/rollout parity (exactly 0.0 when healthy)
-        + U.deterministic_args(scale.deterministic)
-    )
+    misc_args = U.colocated_misc_args(scale, GPU_MEMORY_GB, scale.train_ranks, scale.train_ranks)
 
     train_args = " ".join([
         ckpt_args, rollout_args, eval_args, grpo_args, optimizer_args, lora_args, reward_args, engine_args,

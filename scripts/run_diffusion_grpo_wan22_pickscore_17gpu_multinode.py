@@ -70,7 +70,6 @@ ROLES = ("worker", "train")
 class _Scale(U.RolloutScale):
     num_nodes: int  # default for --num-nodes: the nodes the job spans, the reward node included
     train_gpus_per_node: int  # GPUs (CPU slots on cpu), each holding a train rank and a rollout engine
-    reward_gpus: int  # for PickScore, shared by the workers; 0 on cpu, where the workers are CPU actors
     reward_node: bool  # True: the reward GPU is a node of its own; False: on the train node
     height: int
     width: int
@@ -142,8 +141,7 @@ class WorkerArgs:
 
 def prepare(args: ScriptArgs) -> U.Assets:
     """Make (once) the checkpoint, the PickScore model and the prompts; a dry run only names them."""
-    return U.ensure_assets(FAMILY, _SCALES[args.scale], args.model_dir, args.data_dir,
-                           released=RELEASED_CHECKPOINT, pickscore=True)
+    return U.ensure_assets(FAMILY, _SCALES[args.scale], args, released=RELEASED_CHECKPOINT, pickscore=True)
 
 
 def execute(args: ScriptArgs, assets: U.Assets) -> None:
@@ -159,8 +157,7 @@ def execute(args: ScriptArgs, assets: U.Assets) -> None:
     ckpt_args = U.ckpt_args(FAMILY, assets.checkpoint, args, scale.save_interval)
 
     rollout_args = (
-        U.prompt_batch_args(assets.prompt_data, scale.num_rollout_or_default(args.num_rollout),
-                            scale.rollout_batch_size, scale.n_samples_per_prompt)
+        U.rollout_batch_args(assets.prompt_data, scale, args.num_rollout)
         + f"--diffusion-height {scale.height} --diffusion-width {scale.width} "
         f"--diffusion-output-num-frames {scale.frames} "
         f"--diffusion-num-steps {scale.num_steps} --diffusion-num-sde-steps 2 "
@@ -177,9 +174,7 @@ def execute(args: ScriptArgs, assets: U.Assets) -> None:
 
     lora_args = ""  # full finetune of both experts
 
-    reward_args = U.pickscore_args(
-        assets.pickscore, scale.rm_num_workers, U.reward_gpus_per_worker(scale.reward_gpus, scale.rm_num_workers)
-    )
+    reward_args = U.pickscore_args(assets.pickscore, scale)
 
     engine_args = U.engine_args(train_nodes * scale.train_gpus_per_node)
 
@@ -188,12 +183,8 @@ def execute(args: ScriptArgs, assets: U.Assets) -> None:
     # one pair per forward: one expert
     perf_args = U.flat_micro_batch_args(1) + U.gradient_checkpointing_args(scale.device)
 
-    misc_args = (
-        U.gpu_layout_args(scale.device, GPU_MEMORY_GB, train_gpus=scale.train_gpus_per_node,
-                          gpus_per_node=gpus_per_node, train_nodes=train_nodes, job_nodes=job_nodes)
-        + "--colocate --diffusion-debug-mode "  # log train/rollout parity (exactly 0.0 when healthy)
-        + U.deterministic_args(scale.deterministic)
-    )
+    misc_args = U.colocated_misc_args(scale, GPU_MEMORY_GB, train_gpus=scale.train_gpus_per_node,
+                                      gpus_per_node=gpus_per_node, train_nodes=train_nodes, job_nodes=job_nodes)
 
     def wait_for_every_node(cluster: U.ClusterInfo) -> None:
         """Submit only once the train nodes and the reward GPU have all joined."""

@@ -52,8 +52,6 @@ class _Scale(U.RolloutScale):
     # with shift 12 the expert boundary is at step 13 of 20, 7 of 10, 4 of 6 (num_steps); the 2-step
     # window must end before it: sde_window_max_start is at most boundary - 2
     sde_window_max_start: int
-    reward_gpus: int  # a GPU of its own for PickScore, shared by the workers; 0 on cpu (CPU actors)
-    colocate_reward: bool = False  # the reward workers take U.COLOCATED_REWARD_SHARE of the train GPU
 
 
 _SCALES: dict[str, _Scale] = {
@@ -67,9 +65,9 @@ _SCALES: dict[str, _Scale] = {
         rollout_batch_size=4, n_samples_per_prompt=4, reward_gpus=1, rm_num_workers=4, num_prompts=64,
         num_rollout=4,
     ),
-    "1gpu-proxy": _Scale(  # rank, engine and reward workers share one GPU
+    "1gpu-proxy": _Scale(  # rank, engine and reward workers share one GPU: 0.5 / 0.25 / 0.25
         U.GPU_PROXY, train_ranks=1, height=256, width=256, frames=9, num_steps=10, sde_window_max_start=4,
-        rollout_batch_size=2, n_samples_per_prompt=4, reward_gpus=0, rm_num_workers=1, num_prompts=64,
+        rollout_batch_size=2, n_samples_per_prompt=4, reward_gpus=0.25, rm_num_workers=1, num_prompts=64,
         num_rollout=2, colocate_reward=True,
     ),
     "cpu-proxy": _Scale(
@@ -94,19 +92,17 @@ class ScriptArgs(U.ExecuteTrainConfig):
 
 def prepare(args: ScriptArgs) -> U.Assets:
     """Make (once) the checkpoint, the PickScore model and the prompts; a dry run only names them."""
-    return U.ensure_assets(FAMILY, _SCALES[args.scale], args.model_dir, args.data_dir,
-                           released=RELEASED_CHECKPOINT, pickscore=True)
+    return U.ensure_assets(FAMILY, _SCALES[args.scale], args, released=RELEASED_CHECKPOINT, pickscore=True)
 
 
 def execute(args: ScriptArgs, assets: U.Assets) -> None:
     scale = _SCALES[args.scale]
-    gpus_per_node = scale.train_ranks + scale.reward_gpus
+    gpus_per_node = scale.train_ranks + scale.separate_reward_gpus
 
     ckpt_args = U.ckpt_args(FAMILY, assets.checkpoint, args, scale.save_interval)
 
     rollout_args = (
-        U.prompt_batch_args(assets.prompt_data, scale.num_rollout_or_default(args.num_rollout),
-                            scale.rollout_batch_size, scale.n_samples_per_prompt)
+        U.rollout_batch_args(assets.prompt_data, scale, args.num_rollout)
         + f"--diffusion-height {scale.height} --diffusion-width {scale.width} "
         f"--diffusion-output-num-frames {scale.frames} "
         f"--diffusion-num-steps {scale.num_steps} --diffusion-num-sde-steps 2 "
@@ -123,10 +119,7 @@ def execute(args: ScriptArgs, assets: U.Assets) -> None:
 
     lora_args = "--use-lora --lora-rank 32 --lora-alpha 64 "
 
-    reward_gpus_per_worker = U.reward_gpus_per_worker(scale.reward_gpus, scale.rm_num_workers, scale.colocate_reward)
-    reward_args = U.pickscore_args(
-        assets.pickscore, scale.rm_num_workers, reward_gpus_per_worker, colocate=scale.colocate_reward
-    )
+    reward_args = U.pickscore_args(assets.pickscore, scale)
 
     engine_args = U.engine_args(scale.train_ranks)
 
@@ -135,11 +128,7 @@ def execute(args: ScriptArgs, assets: U.Assets) -> None:
     # 2 consecutive pairs = one sample's two trained steps, always on one expert
     perf_args = U.flat_micro_batch_args(2) + U.gradient_checkpointing_args(scale.device)
 
-    misc_args = (
-        U.gpu_layout_args(scale.device, GPU_MEMORY_GB, train_gpus=scale.train_ranks, gpus_per_node=gpus_per_node)
-        + "--colocate --diffusion-debug-mode "  # log train/rollout parity (exactly 0.0 when healthy)
-        + U.deterministic_args(scale.deterministic)
-    )
+    misc_args = U.colocated_misc_args(scale, GPU_MEMORY_GB, scale.train_ranks, gpus_per_node)
 
     train_args = " ".join([
         ckpt_args, rollout_args, eval_args, grpo_args, optimizer_args, lora_args, reward_args, engine_args,

@@ -46,7 +46,6 @@ class _Scale(U.RolloutScale):
     train_ranks: int  # GPUs (CPU slots on cpu), each holding a train rank and a rollout engine
     resolution: int
     tile_samples: int  # micro-batch tile: samples x 1 timestep per forward
-    reward_gpus: int  # a GPU of its own for PickScore, shared by the workers; 0 on cpu (CPU actors)
 
 
 _SCALES: dict[str, _Scale] = {  # num_steps: 2 of them, drawn at random, are trained per rollout
@@ -81,19 +80,17 @@ class ScriptArgs(U.ExecuteTrainConfig):
 
 def prepare(args: ScriptArgs) -> U.Assets:
     """Make (once) the checkpoint, the PickScore model and the prompts; a dry run only names them."""
-    return U.ensure_assets(FAMILY, _SCALES[args.scale], args.model_dir, args.data_dir,
-                           released=RELEASED_CHECKPOINT, pickscore=True)
+    return U.ensure_assets(FAMILY, _SCALES[args.scale], args, released=RELEASED_CHECKPOINT, pickscore=True)
 
 
 def execute(args: ScriptArgs, assets: U.Assets) -> None:
     scale = _SCALES[args.scale]
-    gpus_per_node = scale.train_ranks + scale.reward_gpus
+    gpus_per_node = scale.train_ranks + scale.separate_reward_gpus
 
     ckpt_args = U.ckpt_args(FAMILY, assets.checkpoint, args, scale.save_interval)
 
     rollout_args = (
-        U.prompt_batch_args(assets.prompt_data, scale.num_rollout_or_default(args.num_rollout),
-                            scale.rollout_batch_size, scale.n_samples_per_prompt)
+        U.rollout_batch_args(assets.prompt_data, scale, args.num_rollout)
         + f"--diffusion-height {scale.resolution} --diffusion-width {scale.resolution} "
         f"--diffusion-num-steps {scale.num_steps} --diffusion-num-sde-steps 2 "
         "--diffusion-step-strategy-path epoch_global_random_choice "
@@ -112,9 +109,7 @@ def execute(args: ScriptArgs, assets: U.Assets) -> None:
 
     lora_args = ""  # full finetune
 
-    reward_args = U.pickscore_args(
-        assets.pickscore, scale.rm_num_workers, U.reward_gpus_per_worker(scale.reward_gpus, scale.rm_num_workers)
-    )
+    reward_args = U.pickscore_args(assets.pickscore, scale)
 
     engine_args = U.engine_args(scale.train_ranks)
 
@@ -122,11 +117,7 @@ def execute(args: ScriptArgs, assets: U.Assets) -> None:
 
     perf_args = U.tile_args(scale.tile_samples) + U.gradient_checkpointing_args(scale.device)
 
-    misc_args = (
-        U.gpu_layout_args(scale.device, GPU_MEMORY_GB, train_gpus=scale.train_ranks, gpus_per_node=gpus_per_node)
-        + "--colocate --diffusion-debug-mode "  # log train/rollout parity (exactly 0.0 when healthy)
-        + U.deterministic_args(scale.deterministic)
-    )
+    misc_args = U.colocated_misc_args(scale, GPU_MEMORY_GB, scale.train_ranks, gpus_per_node)
 
     train_args = " ".join([
         ckpt_args, rollout_args, eval_args, grpo_args, optimizer_args, lora_args, reward_args, engine_args,

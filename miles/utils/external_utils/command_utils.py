@@ -19,8 +19,8 @@ from pathlib import Path
 
 from miles.utils.external_utils.config import REPO_ROOT, ExecuteTrainConfig, create_run_id
 from miles.utils.external_utils.flag_blocks import (
-    COLOCATED_REWARD_SHARE,
     ckpt_args,
+    colocated_misc_args,
     cpu_reward_args,
     deterministic_args,
     engine_args,
@@ -32,7 +32,7 @@ from miles.utils.external_utils.flag_blocks import (
     optimizer_args,
     pickscore_args,
     prompt_batch_args,
-    reward_gpus_per_worker,
+    rollout_batch_args,
     run_dir,
     tile_args,
     train_backend_args,
@@ -72,10 +72,10 @@ __all__ = [
     "CPU_PROXY", "FULL_SCALE", "GPU_PROXY", "Assets", "RolloutScale", "Scale", "data_dir_option", "ensure_assets",
     "ensure_pickscore", "ensure_prompt_files", "ensure_recipe_checkpoint", "model_dir_option", "num_rollout_option",
     # the parts of the flag blocks every recipe writes the same way
-    "COLOCATED_REWARD_SHARE", "ckpt_args", "cpu_reward_args", "deterministic_args", "engine_args", "eval_args",
+    "ckpt_args", "colocated_misc_args", "cpu_reward_args", "deterministic_args", "engine_args", "eval_args",
     "flat_micro_batch_args",
     "flow_grpo_args", "gpu_layout_args", "gradient_checkpointing_args", "optimizer_args", "pickscore_args",
-    "prompt_batch_args", "reward_gpus_per_worker", "run_dir", "tile_args", "train_backend_args",
+    "prompt_batch_args", "rollout_batch_args", "run_dir", "tile_args", "train_backend_args",
 ]
 
 

@@ -11,10 +11,7 @@ from pathlib import Path
 from typing import Optional
 
 from miles.utils.external_utils.config import ExecuteTrainConfig
-
-# A train rank, its engine and the reward workers sharing one GPU take 0.5 / 0.25 / 0.25 of it.
-COLOCATED_REWARD_SHARE = 0.25
-
+from miles.utils.external_utils.recipe_options import RolloutScale, Scale
 
 def run_dir(config: ExecuteTrainConfig) -> Path:
     """`<output-dir>/<run-id>`, where the launcher runs the job."""
@@ -42,6 +39,12 @@ def prompt_batch_args(
     )
 
 
+def rollout_batch_args(prompt_data: str, scale: RolloutScale, num_rollout: Optional[int], **kwargs) -> str:
+    """prompt_batch_args with the scale's batch; an unset --num-rollout means the scale's own number."""
+    return prompt_batch_args(prompt_data, scale.num_rollout_or_default(num_rollout), scale.rollout_batch_size,
+                             scale.n_samples_per_prompt, **kwargs)
+
+
 def eval_args(eval_prompt_data: str, eval_interval: Optional[int]) -> str:
     """Eval on the eval prompts every eval_interval rollouts; "" when the scale does not evaluate."""
     if not eval_interval:
@@ -67,18 +70,13 @@ def cpu_reward_args(rm_type: str, num_workers: int) -> str:
     return f"--rm-type {rm_type} --rm-num-workers {num_workers} --rm-num-gpus-per-worker 0 "
 
 
-def pickscore_args(pickscore: str, num_workers: int, gpus_per_worker: float, colocate: bool = False) -> str:
-    """PickScore workers, each on a slice of a GPU; with colocate, beside the engines on their GPUs."""
+def pickscore_args(pickscore: str, scale: RolloutScale) -> str:
+    """PickScore workers sharing the scale's reward GPUs; with colocate_reward, beside the engines."""
     return (
         f"--rm-type pickscore --pickscore-model-path {pickscore} "
-        f"--rm-num-workers {num_workers} --rm-num-gpus-per-worker {gpus_per_worker:g} "
-        + ("--colocate-reward " if colocate else "")
+        f"--rm-num-workers {scale.rm_num_workers} --rm-num-gpus-per-worker {scale.reward_gpus_per_worker:g} "
+        + ("--colocate-reward " if scale.colocate_reward else "")
     )
-
-
-def reward_gpus_per_worker(reward_gpus: int, num_workers: int, colocate: bool = False) -> float:
-    """Workers share the reward GPUs equally, or with colocate COLOCATED_REWARD_SHARE of the train GPU."""
-    return (COLOCATED_REWARD_SHARE if colocate else reward_gpus) / num_workers
 
 
 def engine_args(num_gpus: int) -> str:
@@ -133,3 +131,14 @@ def gpu_layout_args(
 
 def deterministic_args(deterministic: bool) -> str:
     return "--deterministic-mode " if deterministic else ""
+
+
+def colocated_misc_args(scale: Scale, gpu_memory_gb: Optional[int], train_gpus: int, gpus_per_node: int,
+                        **nodes: int) -> str:
+    """misc_args of a recipe whose train ranks and rollout engines share GPUs (--colocate): the GPU
+    layout, train/rollout parity logged (--diffusion-debug-mode: exactly 0.0 when healthy), and
+    --deterministic-mode where the scale asks for it. `nodes`: train_nodes / job_nodes."""
+    return (
+        gpu_layout_args(scale.device, gpu_memory_gb, train_gpus, gpus_per_node, **nodes)
+        + "--colocate --diffusion-debug-mode " + deterministic_args(scale.deterministic)
+    )

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import NamedTuple, Optional
+from typing import NamedTuple, Optional, Protocol
 
 from miles.utils.external_utils.launch_mode import is_dry_run
 from miles.utils.external_utils.recipe_options import RolloutScale
@@ -18,6 +18,13 @@ EVAL_PROMPTS = 64
 SEED = 0  # of the checkpoints and the PickScore model we create
 
 PathLike = str | os.PathLike
+
+
+class AssetDirs(Protocol):
+    """A recipe's ScriptArgs with --model-dir and --data-dir."""
+
+    model_dir: str
+    data_dir: str
 
 
 class Assets(NamedTuple):
@@ -70,12 +77,12 @@ def ensure_prompt_files(
 
 
 def ensure_assets(
-    family: str, scale: RolloutScale, model_dir: PathLike, data_dir: PathLike, *,
-    released: str, prompts: str = "general", pickscore: bool = False,
+    family: str, scale: RolloutScale, options: AssetDirs, *, released: str, prompts: str = "general",
+    pickscore: bool = False,
 ) -> Assets:
     """The checkpoint for the scale, its train and eval prompt files and, with pickscore, the
     PickScore model that goes with the checkpoint; a dry run only names them."""
-    prompt_data, eval_prompt_data = ensure_prompt_files(prompts, data_dir, scale.num_prompts)
-    checkpoint = ensure_recipe_checkpoint(family, scale.checkpoint_size, model_dir, released)
-    reward_model = ensure_pickscore(scale.checkpoint_size, model_dir) if pickscore else ""
+    prompt_data, eval_prompt_data = ensure_prompt_files(prompts, options.data_dir, scale.num_prompts)
+    checkpoint = ensure_recipe_checkpoint(family, scale.checkpoint_size, options.model_dir, released)
+    reward_model = ensure_pickscore(scale.checkpoint_size, options.model_dir) if pickscore else ""
     return Assets(checkpoint, prompt_data, eval_prompt_data, reward_model)

@@ -75,6 +75,19 @@ class RolloutScale(Scale):
     rm_num_workers: int
     num_prompts: int  # size of the generated prompt file
     eval_interval: Optional[int] = None  # None: no eval
+    # GPUs the reward workers share equally: GPUs of their own, or with colocate_reward a share of the
+    # train GPUs beside the engines; 0: the workers are CPU actors
+    reward_gpus: float = 0
+    colocate_reward: bool = False
+
+    @property
+    def reward_gpus_per_worker(self) -> float:
+        return self.reward_gpus / self.rm_num_workers
+
+    @property
+    def separate_reward_gpus(self) -> int:
+        """GPUs the reward takes beyond the train GPUs."""
+        return 0 if self.colocate_reward else int(self.reward_gpus)
 
 
 def model_dir_option(help: str = MODEL_DIR_HELP) -> Any:
