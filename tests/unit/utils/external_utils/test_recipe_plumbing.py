@@ -1,0 +1,87 @@
+"""What recipes share through U: scale rows, asset naming (a dry run makes nothing) and flag blocks."""
+
+from __future__ import annotations
+
+import sys
+import types
+from dataclasses import dataclass
+
+import miles.utils.external_utils.command_utils as U
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Scale(U.RolloutScale):
+    train_ranks: int
+
+
+SCALES = {
+    "full": _Scale(U.FULL_SCALE, train_ranks=4, num_steps=10, rollout_batch_size=8, n_samples_per_prompt=4,
+                   rm_num_workers=4, reward_gpus=1, num_prompts=100, num_rollout=300, eval_interval=10),
+    "1gpu-proxy": _Scale(U.GPU_PROXY, train_ranks=1, num_steps=10, rollout_batch_size=2, n_samples_per_prompt=4,
+                         rm_num_workers=1, reward_gpus=0.25, colocate_reward=True, num_prompts=64, num_rollout=2),
+    "cpu-proxy": _Scale(U.CPU_PROXY, train_ranks=2, num_steps=6, rollout_batch_size=2, n_samples_per_prompt=4,
+                        rm_num_workers=1, num_prompts=16, num_rollout=2),
+}
+
+
+@dataclass
+class _Dirs:
+    model_dir: str
+    data_dir: str
+
+
+def test_num_rollout_help_lists_each_scales_default_grouped():
+    help_text = U.num_rollout_option(SCALES).metadata["help"]
+    assert help_text == "Rollouts to train; unset: 300 (full), 2 (1gpu-proxy, cpu-proxy)."
+
+
+def test_a_dry_run_names_the_assets_and_makes_nothing(tmp_path, monkeypatch):
+    monkeypatch.setenv("MILES_SCRIPT_ENABLE_RAY_SUBMIT", "0")
+    dirs = _Dirs(str(tmp_path / "models"), str(tmp_path / "data"))
+    released = U.ensure_assets("sd3", SCALES["full"], dirs, released="SD3", pickscore=True)
+    ours = U.ensure_assets("sd3", SCALES["cpu-proxy"], dirs, released="SD3", prompts="ocr")
+    assert released == U.Assets(f"{dirs.model_dir}/SD3", f"{dirs.data_dir}/general_prompts_100.jsonl",
+                                f"{dirs.data_dir}/general_eval_prompts_64.jsonl", f"{dirs.model_dir}/PickScore_v1")
+    assert ours == U.Assets(f"{dirs.model_dir}/miles-sd3-tiny-seed0", f"{dirs.data_dir}/ocr_prompts_16.jsonl",
+                            f"{dirs.data_dir}/ocr_eval_prompts_64.jsonl", "")
+    assert not tmp_path.exists() or not any(tmp_path.iterdir())
+
+
+def test_outside_a_dry_run_the_makers_are_called_once_each(tmp_path, monkeypatch):
+    monkeypatch.setenv("MILES_SCRIPT_ENABLE_RAY_SUBMIT", "1")
+    made = []
+    fakes = {
+        "miles.models.create_checkpoint": {"ensure_checkpoint": lambda f, s, seed, root: made.append(("ckpt", f, s))
+                                           or root / f"made-{f}-{s}"},
+        "miles.rollout.prompts": {"ensure_prompt_file": lambda kind, path, num_prompts, seed: made.append(
+            ("prompts", kind, num_prompts, seed))},
+        "miles.rollout.rm_hub.pickscore": {"ensure_tiny_pickscore": lambda root, seed: made.append(("pickscore",))
+                                           or root / "made-pickscore"},
+    }
+    for name, functions in fakes.items():
+        monkeypatch.setitem(sys.modules, name, types.SimpleNamespace(**functions))
+    assets = U.ensure_assets("wan2_2", SCALES["1gpu-proxy"], _Dirs(str(tmp_path), str(tmp_path)), released="X",
+                             pickscore=True)
+    assert made == [("prompts", "general", 64, 0), ("prompts", "general", 64, 1), ("ckpt", "wan2_2", "proxy"),
+                    ("pickscore",)]
+    assert assets.checkpoint.endswith("made-wan2_2-proxy") and assets.pickscore.endswith("made-pickscore")
+
+
+def test_pickscore_workers_share_the_reward_gpus_or_a_share_of_the_train_gpu():
+    assert U.pickscore_args("/p", SCALES["full"]).endswith("--rm-num-workers 4 --rm-num-gpus-per-worker 0.25 ")
+    colocated = U.pickscore_args("/p", SCALES["1gpu-proxy"])
+    assert colocated.endswith("--rm-num-gpus-per-worker 0.25 --colocate-reward ")
+    assert SCALES["1gpu-proxy"].separate_reward_gpus == 0 and SCALES["full"].separate_reward_gpus == 1
+    assert U.pickscore_args("/p", SCALES["cpu-proxy"]).endswith("--rm-num-gpus-per-worker 0 ")
+
+
+def test_colocated_misc_args_keep_the_gpu_budget_off_cpu_and_determinism_last():
+    assert U.colocated_misc_args(SCALES["full"], 80, 4, 5) == (
+        "--device cuda --gpu-memory-gb 80 --actor-num-nodes 1 --actor-num-gpus-per-node 4 --num-gpus-per-node 5 "
+        "--colocate --diffusion-debug-mode "
+    )
+    assert U.colocated_misc_args(SCALES["cpu-proxy"], 80, 2, 2, train_nodes=1, job_nodes=1) == (
+        "--device cpu --actor-num-nodes 1 --actor-num-gpus-per-node 2 --num-nodes 1 --num-gpus-per-node 2 "
+        "--colocate --diffusion-debug-mode --deterministic-mode "
+    )
+    assert SCALES["cpu-proxy"].ray_gpus(2) == 0 and SCALES["full"].ray_gpus(5) == 5
