@@ -9,6 +9,7 @@ and a LoRA sync must deliver to the engine exactly the bits the object-store pat
 from __future__ import annotations
 
 import multiprocessing
+import sys
 import traceback
 from pathlib import Path
 
@@ -61,6 +62,17 @@ def engine(ports: list[int], out: Path, plans) -> None:
         torch.save({"peak": staging.peak, "state": state(model)}, out / f"engine_phase{phase}.pt")
 
 
+def process_context():
+    """fork (fast) unless this pytest worker runs an in-process Ray driver: its threads must not be
+    forked, so the children then come from a clean fork server (one torch import, a few seconds)."""
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        return multiprocessing.get_context("fork")
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch", "torch.distributed.fsdp"])
+    return ctx
+
+
 def guarded(fn, *args) -> None:
     try:
         torch.set_num_threads(1)
@@ -72,7 +84,7 @@ def guarded(fn, *args) -> None:
 
 def test_sharded_ranks_deliver_full_and_lora_weights_with_the_object_store_paths_bits(tmp_path):
     ports = free_ports(3)
-    ctx = multiprocessing.get_context("fork")  # no process group exists in this process to inherit
+    ctx = process_context()
     plans = ctx.Queue()
     procs = [ctx.Process(target=guarded, args=(train_rank, r, ports, tmp_path, plans)) for r in (0, 1)]
     procs.append(ctx.Process(target=guarded, args=(engine, ports, tmp_path, plans)))
