@@ -89,6 +89,7 @@ def train(args: Namespace, plan: BatchPlan) -> int:
     from miles.ray.placement import create_placement_group, plan_placement
     from miles.ray.rollout_manager import RolloutManager
     from miles.ray.train_actor_group import TrainActorGroup
+    from miles.ray.weight_sync_group import connect_weight_sync
 
     phases.mark("driver_imports_done")
     args.run_dir = args.run_dir or f"runs/{time.strftime('%Y%m%d-%H%M%S')}"
@@ -110,6 +111,7 @@ def train(args: Namespace, plan: BatchPlan) -> int:
         trainer.wait_ready()
     if trainer is not None and (lora := trainer.lora_spec()) is not None:
         rollout.apply_lora(lora, trainer.components())
+    weights = connect_weight_sync(args, trainer, rollout) if trainer is not None and not sft else None
     phases.mark("actors_ready")
 
     start_id, resumed = args.start_rollout_id or 0, False
@@ -119,7 +121,7 @@ def train(args: Namespace, plan: BatchPlan) -> int:
         if trainer is not None:
             trainer.load(str(path))
             if not sft:
-                rollout.update_weights(trainer.weight_update_refs())  # the engines start from the loaded weights
+                weights.push()  # the engines start from the loaded weights
         rollout.load_state_dict(torch.load(path / "driver.pt", weights_only=False)["rollout"])
         start_id = args.start_rollout_id if args.start_rollout_id is not None else last_id + 1
         resumed = True
@@ -142,7 +144,7 @@ def train(args: Namespace, plan: BatchPlan) -> int:
             metrics.update(trainer.train(batch)[0].metrics)
             faults.check_finite(metrics, rollout_id)  # before the weights move on or get saved
             if not sft and rollout_id != args.debug_skip_weight_update_at:
-                rollout.update_weights(trainer.weight_update_refs())
+                metrics.update(weights.push())
         if args.eval_interval and (rollout_id + 1) % args.eval_interval == 0:
             metrics.update(rollout.evaluate(rollout_id))
         metrics["perf/step_time"] = time.perf_counter() - began

@@ -4,19 +4,47 @@ from __future__ import annotations
 
 import ray
 
-from miles.backends.actor import TrainRank
+from miles.backends.actor import TrainRank, torch_dtype
 from miles.backends.lora import LoraSpec
+from miles.backends.sync_group import SyncGroupAddress, WeightSender
+from miles.backends.weight_buckets import BucketPlan, plan_buckets, send_buckets, synced_tensors
 from miles.backends.types import RolloutBatch, TrainResult
 from miles.ray import faults
 from miles.ray.faults import wait_for
 from miles.utils.debug_faults import fire
 from miles.ray.placement import PlacementPlan, actor_options
+from miles.utils.external_utils.ray_cluster import free_ports
 
 
 class TrainActor(TrainRank):
     def weight_update_refs(self) -> list[tuple[str, ray.ObjectRef]]:
         """(component, ref to its state dict): engines fetch the tensors from this actor's store."""
         return [(u.component, ray.put(u.state_dict)) for u in self.weight_updates()]
+
+    # bucketed weight sync (miles.ray.weight_sync_group): rank 0 sends, every rank joins the gathers
+    def weight_sync_address(self) -> tuple[str, int]:
+        """This node's address and a free port, for rank 0 to host the weight-sync group's store."""
+        host = ray.util.get_node_ip_address()
+        return host, free_ports(1, host)[0]
+
+    def _synced_tensors(self) -> list:
+        # what weight_updates() sends: the compute copy, whose dtype is the engines'
+        return synced_tensors(self.fmodel.transformers, self.components, lora_only=self.lora is not None)
+
+    def weight_bucket_plan(self, buffer_bytes: int) -> BucketPlan:
+        return plan_buckets(self._synced_tensors(), torch_dtype(self.args.rollout_dtype), buffer_bytes)
+
+    def join_weight_sync(self, address: SyncGroupAddress, plan: BucketPlan) -> None:
+        self.bucket_plan = plan
+        self.weight_sender = WeightSender(address, plan) if self.rank == 0 else None
+
+    def send_weights(self) -> int:
+        """Rank 0 packs and broadcasts; the others only take part in gathering sharded tensors.
+        Returns the most staging bytes this rank held at once."""
+        tensors = {(c, n): t for c, n, t in self._synced_tensors()}
+        if self.weight_sender is not None:
+            return self.weight_sender.send(tensors).peak
+        return send_buckets(self.bucket_plan, tensors, None, self.device).peak
 
     def trained_components(self) -> list[str]:
         return list(self.components)

@@ -59,6 +59,16 @@ class RolloutEngine:
     def load_weights(self, component: str, state_dict: dict[str, torch.Tensor]) -> None:
         self.model.load_weights(component, state_dict)
 
+    def join_weight_sync(self, address, rank: int, plan) -> None:
+        """Join the bucketed weight-sync group (miles.backends.sync_group) as `rank`."""
+        from miles.backends.sync_group import WeightReceiver
+
+        self.weight_receiver = WeightReceiver(address, rank, plan, self.model.parts)
+
+    def receive_weights(self) -> int:
+        """One bucketed weight update, copied in place; the most staging bytes it held at once."""
+        return self.weight_receiver.receive().peak
+
     def sampling_params(self) -> dict:
         return asdict(self.params)
 

@@ -28,6 +28,7 @@ logger = logging.getLogger(__name__)
 DTYPES = ("float32", "bfloat16", "float16")
 LOSS_TYPES = ("policy_loss", "nft", "sft_loss")
 SDE_TYPES = ("sde", "ode", "cps")
+WEIGHT_SYNC_MODES = ("bucketed", "object-store")
 # Flags that steer parsing itself; a config file setting them would be read too late to matter.
 NOT_FROM_CONFIG_FILE = ("custom_config_path", "validate_only", "help")
 
@@ -252,6 +253,11 @@ def _model(parser) -> None:
                    help="model family; unset: matched from the checkpoint's name")
     g.add_argument("--update-weight-target-module", nargs="+", default=None,
                    help="transformer components trained and pushed to engines; unset: all")
+    g.add_argument("--weight-sync", choices=WEIGHT_SYNC_MODES, default="bucketed",
+                   help="how trained weights reach the engines: buckets over a torch.distributed group, or "
+                        "whole state dicts through Ray's object store")
+    g.add_argument("--update-weight-buffer-size", type=any_int, default=None,
+                   help="bytes per weight-sync bucket (--weight-sync bucketed); unset: 512 MiB")
     g.add_argument("--param-dtype", choices=DTYPES, default="float32", help="dtype of trained weights")
     g.add_argument("--compute-dtype", choices=DTYPES, default="float32", help="dtype of train forwards")
     g.add_argument("--rollout-dtype", choices=DTYPES, default="float32", help="dtype of rollout forwards")

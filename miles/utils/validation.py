@@ -25,6 +25,7 @@ from miles.utils.families import FamilyFacts
 __all__ = ["ConfigError", "compute_batch_plan", "validate_args"]
 
 DEFAULT_LORA_RANK = 32
+DEFAULT_UPDATE_WEIGHT_BUFFER_SIZE = 512 * 1024 ** 2  # bytes: few broadcasts, small next to any engine's weights
 
 
 def validate_args(ns: Namespace) -> BatchPlan:
@@ -55,6 +56,8 @@ def fill_derived_values(ns: Namespace, family: FamilyFacts, plan: BatchPlan) -> 
     ns.rollout_microgroup_size = ns.rollout_microgroup_size or ns.n_samples_per_prompt
     ns.update_weight_target_module = ns.update_weight_target_module or list(family.transformer_components)
     ns.diffusion_kl_reference = kl_reference(ns)
+    if ns.weight_sync == "bucketed":
+        ns.update_weight_buffer_size = ns.update_weight_buffer_size or DEFAULT_UPDATE_WEIGHT_BUFFER_SIZE
     if ns.use_lora:
         ns.lora_rank = ns.lora_rank or DEFAULT_LORA_RANK
         ns.lora_alpha = ns.lora_alpha or ns.lora_rank
@@ -80,7 +83,7 @@ def has_rollout_engines(ns: Namespace) -> bool:
 def check_cross_flag_rules(ns: Namespace, family: FamilyFacts) -> None:
     for rule in (_run_length, _checkpointing, _lora_flags, _run_modes, _kl_reference, _reward_source,
                  _dotted_paths, _prompt_data, _learning_rates, _microgroups, _target_modules, _dtypes,
-                 _unimplemented_values, _gpu_memory, _edm_schedule):
+                 _unimplemented_values, _gpu_memory, _edm_schedule, _weight_sync):
         rule(ns, family)
 
 
@@ -98,6 +101,18 @@ def _edm_schedule(ns: Namespace, family: FamilyFacts) -> None:
                           f"but {family.name}'s schedule holds it at sigma_min (a step of length 0, no SDE noise); "
                           f"fix: end the trained steps earlier (e.g. a smaller --diffusion-sde-window-max-start) or "
                           f"raise --diffusion-num-steps")
+
+
+def _weight_sync(ns: Namespace, family: FamilyFacts) -> None:
+    size = ns.update_weight_buffer_size
+    if size is None:
+        return
+    if ns.weight_sync != "bucketed":
+        raise ConfigError(f"--update-weight-buffer-size {size} with --weight-sync {ns.weight_sync}: only bucketed "
+                          f"sync uses a buffer; fix: drop --update-weight-buffer-size or use --weight-sync bucketed")
+    if size <= 0:
+        raise ConfigError(f"--update-weight-buffer-size {size}: a bucket needs at least one byte; fix: a positive "
+                          f"number of bytes (default {DEFAULT_UPDATE_WEIGHT_BUFFER_SIZE}, 512 MiB)")
 
 
 def _unimplemented_values(ns: Namespace, family: FamilyFacts) -> None:

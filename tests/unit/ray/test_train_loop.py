@@ -9,6 +9,8 @@ and the probe's ability to fail; one run skips optimizer steps; one only rolls o
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 import train_diffusion
@@ -24,10 +26,23 @@ def run(tiny_argv, run_dir, extra) -> list[dict]:
     return read_metrics(run_dir)
 
 
+def weight_syncs(run_dir) -> list[dict]:
+    """perf.jsonl rows of the rollouts that pushed weights to the engines."""
+    rows = [json.loads(line) for line in (run_dir / "perf.jsonl").read_text().splitlines()]
+    return [r for r in rows if "perf/weight_sync_time" in r]
+
+
 def test_two_rank_full_runs_keep_parity_exact_repeat_bit_for_bit_and_eval_on_their_interval(
         ray_cluster, tiny_argv, tmp_path):
-    extra = f"{RANKS[2]} --num-rollout 3 --deterministic-mode --eval-interval 2 --eval-num-prompts 2"
+    buffer = 65536  # bytes, well below the tiny model: the full weights take many buckets
+    extra = (f"{RANKS[2]} --num-rollout 3 --deterministic-mode --eval-interval 2 --eval-num-prompts 2 "
+             f"--update-weight-buffer-size {buffer}")
     rows = run(tiny_argv, tmp_path / "a", extra)
+    syncs = weight_syncs(tmp_path / "a")
+    assert len(syncs) == 3  # bucketed (the default): parity below says the engines got the trainer's bits
+    for sync in syncs:
+        assert 0 < sync["perf/weight_sync_engine_staging_bytes"] <= buffer < sync["perf/weight_sync_bytes"]
+        assert 0 < sync["perf/weight_sync_sender_staging_bytes"] <= buffer
     assert [r["rollout_id"] for r in rows] == [0, 1, 2]
     for key in PARITY_KEYS:
         assert [r[key] for r in rows] == [0.0, 0.0, 0.0], key
@@ -53,11 +68,18 @@ def test_lora_parity_is_exact_when_synced_and_a_skipped_weight_push_breaks_it(ra
         assert rows[0][key] == 0.0 and rows[2][key] == 0.0, key
     assert rows[1]["train/model_output_max_abs_diff"] > 0.0
     assert rows[1]["train/log_prob_abs_diff"] > 0.0
+    # the adapters went bucketed: one bucket, the whole update, staged once on each side
+    syncs = weight_syncs(tmp_path)
+    assert [s["rollout_id"] for s in syncs] == [1, 2]
+    assert all(s["perf/weight_sync_engine_staging_bytes"] == s["perf/weight_sync_bytes"] > 0 for s in syncs)
 
 
 def test_skipped_optimizer_steps_keep_parity(ray_cluster, tiny_argv, tmp_path):
-    rows = run(tiny_argv, tmp_path, f"{RANKS[1]} --num-rollout 2 --debug-skip-optimizer-step")
+    rows = run(tiny_argv, tmp_path, f"{RANKS[1]} --num-rollout 2 --debug-skip-optimizer-step "
+                                    "--weight-sync object-store")
     assert [r["train/model_output_max_abs_diff"] for r in rows] == [0.0, 0.0]
+    syncs = weight_syncs(tmp_path)  # through the object store: no group, no buckets
+    assert len(syncs) == 2 and not any("perf/weight_sync_bytes" in s for s in syncs)
     assert rows[0]["train/grad_norm"] > 0
 
 

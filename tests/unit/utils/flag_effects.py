@@ -76,6 +76,8 @@ FLAG_TESTS = {
                                      "test_sync_components_default_to_every_transformer_and_reject_unknown_names",
     "--param-dtype": f"{DT}::test_bf16_compute_keeps_parity_exact_with_fp32_master_weights",
     "--compute-dtype": f"{DT}::test_bf16_compute_keeps_parity_exact_with_fp32_master_weights",
+    "--weight-sync": f"{LOOP}::test_skipped_optimizer_steps_keep_parity",
+    "--update-weight-buffer-size": f"{LOOP}::test_two_rank_full_runs_keep_parity_exact_repeat_bit_for_bit_and_eval_on_their_interval",
     "--rollout-dtype": f"{DT}::test_dtype_combinations_without_exact_parity_are_refused_naming_the_fix",
     "--gradient-checkpointing": "tests/unit/backends/test_gradient_checkpointing.py::"
                                 "test_gradients_are_equal_with_and_without_checkpointing",

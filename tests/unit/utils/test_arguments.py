@@ -32,6 +32,7 @@ DOCUMENTED_DEFAULTS = {
     "diffusion_sde_type": None, "diffusion_shift": None, "negative_prompt": "",
     "rollout_microgroup_size": None, "rollout_seed": 42, "rollout_shuffle": False,
     "diffusion_model_family": None, "update_weight_target_module": None,
+    "weight_sync": "bucketed", "update_weight_buffer_size": None,
     "param_dtype": "float32", "compute_dtype": "float32", "rollout_dtype": "float32",
     "gradient_checkpointing": False,
     "loss_type": "policy_loss", "custom_loss_function_path": None, "advantage_estimator": "grpo",
