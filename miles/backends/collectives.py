@@ -51,6 +51,14 @@ def supported_devices(backend: str) -> frozenset[str]:
     return frozenset(devices)
 
 
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 class CollectiveDeviceError(RuntimeError):
     """A collective was handed a tensor on a device its backend does not serve."""
 
@@ -68,8 +76,13 @@ class Collectives:
         self.backend = self.backend or backend_for(self.device.type)
         self.supported = supported_devices(self.backend)
 
-    def init_process_group(self, rank: int, master_addr: str, master_port: int) -> None:
-        if self.world_size > 1:
+    def init_process_group(self, rank: int, master_addr: str | None, master_port: int | None,
+                           always: bool = False) -> None:
+        """Join the group; a world of one has none unless `always` (FSDP2 needs a group even then).
+        A process that already has the group (a second rank object in one test process) keeps it."""
+        if (self.world_size > 1 or always) and not dist.is_initialized():
+            if master_addr is None:
+                master_addr, master_port = "127.0.0.1", free_port()
             dist.init_process_group(self.backend, init_method=f"tcp://{master_addr}:{master_port}",
                                     rank=rank, world_size=self.world_size)
 
