@@ -15,8 +15,10 @@ from miles.ray.placement import PlacementPlan, actor_options
 
 class TrainActor(TrainRank):
     def weight_update_refs(self) -> list[tuple[str, ray.ObjectRef]]:
-        """(component, ref to its state dict): engines fetch the tensors from this actor's store."""
-        return [(u.component, ray.put(u.state_dict)) for u in self.weight_updates()]
+        """(component, ref to its state dict): engines fetch the tensors from this actor's store.
+        Sharded ranks all gather (a collective); only rank 0 hands its copy over."""
+        updates = self.weight_updates()
+        return [(u.component, ray.put(u.state_dict)) for u in updates] if self.rank == 0 else []
 
     def trained_components(self) -> list[str]:
         return list(self.components)
@@ -62,6 +64,7 @@ class TrainActorGroup:
 
     def __init__(self, args, plan, placement: PlacementPlan, pg, runtime_env: dict | None = None):
         world_size = len(placement.train)
+        self.sharded = getattr(args, "train_backend", "dp") == "fsdp"  # gathers need every rank
         remote_cls = ray.remote(TrainActor)
         self.actors = [remote_cls.options(**actor_options(pg, slot, runtime_env)).remote(args, plan, rank, world_size)
                        for rank, slot in enumerate(placement.train)]
@@ -82,7 +85,8 @@ class TrainActorGroup:
         return self._get([a.train.remote(batch_ref) for a in self.actors], "train")
 
     def weight_update_refs(self) -> list[tuple[str, ray.ObjectRef]]:
-        return self._get([self.actors[0].weight_update_refs.remote()], "weight_update_refs", self.actors[:1])[0]
+        actors = self.actors if self.sharded else self.actors[:1]
+        return self._get([a.weight_update_refs.remote() for a in actors], "weight_update_refs", actors)[0]
 
     def lora_spec(self) -> LoraSpec | None:
         return self._get([self.actors[0].lora_spec.remote()], "lora_spec", self.actors[:1])[0]
@@ -97,7 +101,9 @@ class TrainActorGroup:
         self._get([a.load.remote(path) for a in self.actors], "load")
 
     def trained_state(self, rank: int = 0) -> dict:
-        return self._get([self.actors[rank].trained_state.remote()], "trained_state", [self.actors[rank]])[0]
+        actors = self.actors if self.sharded else [self.actors[rank]]
+        states = self._get([a.trained_state.remote() for a in actors], "trained_state", actors)
+        return states[rank] if self.sharded else states[0]
 
     def shutdown(self) -> None:
         for actor in self.actors:

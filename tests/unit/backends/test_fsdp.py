@@ -93,3 +93,63 @@ def _run_rank(rank_id, port, run_dir, flags, batch_path):
     from fsdp_helpers import two_rank_run
 
     two_rank_run(rank_id, port, run_dir, flags, batch_path)
+
+
+BF16_LORA = "--colocate --compute-dtype bfloat16 --rollout-dtype bfloat16 --param-dtype float32 --use-lora --lora-rank 4"
+
+
+def test_sharded_lora_with_bf16_compute_keeps_parity_exact_without_a_compute_copy(tmp_path):
+    """fp32 master shards all-gathered in bf16: the weights a forward reads are the master rounded
+    to bf16, as the engine holds them after the push, so parity stays exactly 0.0."""
+    from miles.backends.actor import TrainRank
+    from miles.rollout.data import PromptDataset
+
+    args, plan = fsdp_args(tmp_path, BF16_LORA, 1)
+    engine, dataset = engine_for(args), PromptDataset.from_args(args)
+    with one_rank_group():
+        rank = TrainRank(args, plan, 0, 1)
+        rank.setup()
+        engine.apply_lora(rank.lora.rank, rank.lora.alpha, list(rank.lora.target_modules), rank.components)
+        assert rank.fmodel is rank.model and rank.fparams is rank.params  # no second copy of the model
+        assert {(type(p).__name__, p.dtype) for p in rank.params.values()} == {("DTensor", torch.float32)}
+        assert all(".lora_" in n for n in rank.params)
+        start = rank.trained_state()
+        for rollout_id in range(2):  # the second rollout is sampled on the weights the trainer pushed
+            metrics = rank.train(one_rollout(args, rollout_id, engine, dataset)).metrics
+            assert metrics["train/model_output_max_abs_diff"] == 0.0, (rollout_id, metrics)
+            assert metrics["train/log_prob_abs_diff"] == 0.0
+            for update in rank.weight_updates():
+                assert update.lora_only and all(".lora_" in n for n in update.state_dict)
+                assert {t.dtype for t in update.state_dict.values()} == {torch.bfloat16}
+                engine.load_weights(update.component, update.state_dict)
+        end = rank.trained_state()
+    assert any(not torch.equal(start[n], end[n]) for n in start)
+
+
+@pytest.mark.parametrize("flags, message", [
+    ("--offload-train", "--offload-train without --colocate: .* fix: add --colocate or drop --offload-train"),
+    ("--offload-rollout", "--offload-rollout without --colocate"),
+    ("--colocate --offload-train --loss-type sft_loss --train-only --n-samples-per-prompt 1",
+     "--offload-train: this run has no rollout engines .* fix: drop --offload-train"),
+])
+def test_offload_without_a_shared_gpu_is_refused_naming_the_fix(flags, message):
+    from miles.utils.arguments import ConfigError, parse_args
+
+    argv = "--hf-checkpoint /ckpt/sd3 --num-rollout 1 --rm-type brightness --prompt-data p.jsonl"
+    with pytest.raises(ConfigError, match=message):
+        parse_args(f"{argv} {flags}".split())
+    parse_args(f"{argv} --colocate --offload-train --offload-rollout --train-backend fsdp".split())
+
+
+@pytest.mark.parametrize("saved, running", [("dp", "fsdp"), ("fsdp", "dp")])
+def test_a_checkpoint_of_the_other_train_backend_is_refused_naming_the_flag(tmp_path, saved, running):
+    import json
+
+    from miles.backends.fsdp import CheckpointBackendError, check_backend
+
+    (tmp_path / "rank0.json").write_text(json.dumps({"backend": saved, "world_size": 2}))
+    with pytest.raises(CheckpointBackendError, match=f"saved by --train-backend {saved} .* this run uses "
+                                                     f"--train-backend {running}.* fix: resume with --train-backend "
+                                                     f"{saved}"):
+        check_backend(tmp_path, running)
+    assert check_backend(tmp_path, saved)["world_size"] == 2
