@@ -15,6 +15,10 @@ it receives them). The validator makes the compute dtype the rollout dtype whene
 so this copy and an engine hold the same weights in the same dtypes and compute the same
 forward: that is what keeps the parity probe at exactly 0.0 under bf16. When the two dtypes are
 equal there is no copy (`fmodel is model`), and the step is the same sequence of ops as before.
+
+`--train-backend fsdp` shards the trained components instead (miles.backends.fsdp: no compute copy,
+gradients reduce-scattered in backward); `--offload-train` keeps the rank's state on the host
+outside its calls (miles.backends.train_offload).
 """
 
 from __future__ import annotations
