@@ -125,7 +125,7 @@ class Side:
 
     # bucketed
     def free_port(self) -> int:
-        from miles.utils.external_utils.ray_cluster import free_ports
+        from miles.utils.ports import free_ports
 
         return free_ports(1)[0]
 

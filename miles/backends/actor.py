@@ -15,6 +15,10 @@ it receives them). The validator makes the compute dtype the rollout dtype whene
 so this copy and an engine hold the same weights in the same dtypes and compute the same
 forward: that is what keeps the parity probe at exactly 0.0 under bf16. When the two dtypes are
 equal there is no copy (`fmodel is model`), and the step is the same sequence of ops as before.
+
+`--train-backend fsdp` shards the trained components instead (miles.backends.fsdp: no compute copy,
+gradients reduce-scattered in backward); `--offload-train` keeps the rank's state on the host
+outside its calls (miles.backends.train_offload).
 """
 
 from __future__ import annotations
@@ -22,7 +26,6 @@ from __future__ import annotations
 import json
 import random
 import resource
-import socket
 import time
 import zlib
 from dataclasses import dataclass
@@ -33,6 +36,7 @@ import torch
 
 from miles.backends import checkpoint as ckpt
 from miles.backends.collectives import Collectives
+from miles.backends import fsdp
 from miles.backends.ema import EMA
 from miles.backends.loss import (
     PolicyLossInputs,
@@ -44,6 +48,7 @@ from miles.backends.loss import (
 )
 from miles.backends.lora import LoraSpec, adapters_disabled, attach_lora, lora_spec_from_args
 from miles.backends.optimizer import build_optimizer, clip_gradients, learning_rate, set_learning_rate
+from miles.backends.train_offload import TrainOffload, resident
 from miles.backends.sft import SFTBatch, SFTRankStep
 from miles.backends.types import RolloutBatch, TrainResult
 from miles.backends.weight_sync import WeightUpdate, collect_weight_updates, sync_components
@@ -53,6 +58,7 @@ from miles.rollout.sde import largest_sigma_below_one, sde_step_on_host
 from miles.rollout.types import Conditioning, SamplingParams
 from miles.utils.batch_rules import ConfigError, high_noise_step_count
 from miles.utils.batching import Pair, expand_pairs, rank_schedule, shard_pairs
+from miles.utils.ports import free_ports
 
 # CPU kernels may split reductions by thread count, so engines and ranks must use the same one
 CPU_THREADS_PER_ACTOR = 1
@@ -82,9 +88,8 @@ class TrainRank:
         """This node's address and a free port, for rank 0 to host the process group."""
         import ray
 
-        with socket.socket() as s:
-            s.bind(("", 0))
-            return ray.util.get_node_ip_address(), s.getsockname()[1]
+        host = ray.util.get_node_ip_address()
+        return host, free_ports(1, host)[0]
 
     def setup(self, master_addr: str | None = None, master_port: int | None = None) -> None:
         from miles.models.loader import load_model
@@ -94,12 +99,13 @@ class TrainRank:
         configure_torch(args.deterministic_mode, CPU_THREADS_PER_ACTOR if self.device.type == "cpu" else None)
         seed_everything(args.seed)  # the same on every rank: LoRA adapters start identical
         self.comm = Collectives(self.device, self.world_size)
-        self.comm.init_process_group(self.rank, master_addr, master_port)
+        self.comm.init_process_group(self.rank, master_addr, master_port, always=self.sharded)
         param_dtype, compute_dtype = torch_dtype(args.param_dtype), torch_dtype(args.compute_dtype)
         self.model = load_model(args.hf_checkpoint, family=args.diffusion_model_family, device=self.device,
                                 dtype=param_dtype)
         # the model forwards run on: the master model itself, or its copy in the compute dtype
-        self.fmodel = self.model if compute_dtype == param_dtype else load_model(
+        # (fsdp: the master model, whose all-gathers cast to the compute dtype; miles.backends.fsdp)
+        self.fmodel = self.model if compute_dtype == param_dtype or self.sharded else load_model(
             args.hf_checkpoint, family=args.diffusion_model_family, device=self.device, dtype=compute_dtype)
         self._check_expert_phases()
         sft = args.loss_type == "sft_loss"
@@ -111,14 +117,13 @@ class TrainRank:
                 model.text_encoders = {}
         self.components = sync_components(self.model.spec.transformer_components, args.update_weight_target_module)
         self.lora: LoraSpec | None = lora_spec_from_args(args, self.model.spec)
-        self.params: dict[str, torch.nn.Parameter] = {}
         for component in self.components:
             module = self.model.transformers[component]
             if self.lora is not None:
                 attach_lora(module, self.lora)
             else:
                 module.requires_grad_(True)
-            self.params.update({f"{component}.{n}": p for n, p in module.named_parameters() if p.requires_grad})
+        self.params = self._trained_params()
         self.fparams = self.params if self.fmodel is self.model else self._compute_params()
         if args.gradient_checkpointing:
             for component in self.components:
@@ -126,12 +131,27 @@ class TrainRank:
         if self.world_size > 1:
             for p in self.params.values():
                 self.comm.broadcast(p.data, src=0)
+        if self.sharded:  # after the adapters are in and every rank holds the same weights
+            fsdp.shard_model(self.model, self.components, fsdp.device_mesh(self.device, self.world_size),
+                             param_dtype, compute_dtype)
+            self.params = self.fparams = self._trained_params()  # sharding made new (DTensor) parameters
         self._sync_compute()
         self.optimizer = build_optimizer(list(self.params.values()), args)
         self.ema = EMA(self.params, args.ema_decay) if args.use_ema else None
         self.custom_loss = load_custom_loss(args.custom_loss_function_path) if args.custom_loss_function_path else None
         self.sft = SFTRankStep(self) if args.loss_type == "sft_loss" else None
+        self.offload = TrainOffload(self) if getattr(args, "offload_train", False) else None
+        if self.offload is not None:
+            self.offload.offload()  # the engines sample first
         phases.actor_ready(f"train rank {self.rank}")
+
+    @property
+    def sharded(self) -> bool:
+        return getattr(self.args, "train_backend", "dp") == fsdp.BACKEND
+
+    def _trained_params(self) -> dict[str, torch.nn.Parameter]:
+        return {f"{c}.{n}": p for c in self.components
+                for n, p in self.model.transformers[c].named_parameters() if p.requires_grad}
 
     def _check_expert_phases(self) -> None:
         """The plan kept each micro-batch on one expert using the family's default schedule, since
@@ -175,11 +195,18 @@ class TrainRank:
     # -- one rollout --------------------------------------------------------------------------
 
     def train(self, batch: RolloutBatch | SFTBatch) -> TrainResult:
-        if isinstance(batch, SFTBatch):  # sft_loss: dataset items, not rollouts (miles.backends.sft)
-            return self.sft.train(batch)
+        with resident(self.offload, optimizer=True):
+            if isinstance(batch, SFTBatch):  # sft_loss: dataset items, not rollouts (miles.backends.sft)
+                return self.sft.train(batch)
+            return self._train_rollout(batch)
+
+    def _train_rollout(self, batch: RolloutBatch) -> TrainResult:
         args = self.args
         start = time.perf_counter()
         schedule = rank_schedule(self.plan, batch.trained_steps, self.rank)
+        if self.sharded:
+            fsdp.check_same_expert_sequence([self._pair_tensors(batch, mb)[1] for w in schedule for mb in w],
+                                            self.world_size)
         shard = shard_pairs(expand_pairs(self.plan.samples_per_rollout, batch.trained_steps),
                             self.plan.dp_size, self.rank, self.plan.dp_split_mode)
         probe = _ParityProbe() if args.diffusion_debug_mode else None
@@ -318,6 +345,22 @@ class TrainRank:
 
     def _optimizer_step(self) -> float:
         params = list(self.params.values())
+        if self.sharded:  # backward has reduce-scattered each micro-batch's gradients into the shards
+            grad_norm = fsdp.clip_gradients(params, self.args.clip_grad)
+        else:
+            self._all_reduce_gradients(params)
+            grad_norm = clip_gradients(params, self.args.clip_grad)
+        if not self.args.debug_skip_optimizer_step:
+            set_learning_rate(self.optimizer, self._lr())
+            self.optimizer.step()
+            self.optimizer_step += 1
+            if self.ema is not None:
+                self.ema.update(self.params)
+        self.optimizer.zero_grad(set_to_none=True)
+        self._sync_compute()
+        return grad_norm
+
+    def _all_reduce_gradients(self, params: list[torch.nn.Parameter]) -> None:
         sources = list(self.fparams.values())  # where backward left the gradients
         # reduced and stepped in the param dtype. Memory: each gradient is cast straight into the flat
         # buffer (no list of cast copies) and, on a compute copy, freed as soon as it is packed
@@ -339,17 +382,6 @@ class TrainRank:
         for p in params:  # views of the one reduced buffer: no second copy of the gradients
             p.grad = flat[offset:offset + p.numel()].view_as(p)
             offset += p.numel()
-        del flat
-        grad_norm = clip_gradients(params, self.args.clip_grad)
-        if not self.args.debug_skip_optimizer_step:
-            set_learning_rate(self.optimizer, self._lr())
-            self.optimizer.step()
-            self.optimizer_step += 1
-            if self.ema is not None:
-                self.ema.update(self.params)
-        self.optimizer.zero_grad(set_to_none=True)
-        self._sync_compute()
-        return grad_norm
 
     def _lr(self) -> float:
         args = self.args
@@ -386,18 +418,32 @@ class TrainRank:
 
     def weight_updates(self) -> list[WeightUpdate]:
         """The trained components as the engines hold them: from the compute copy when there is one
-        (the compute dtype is the rollout dtype), so engines receive weights in --rollout-dtype."""
-        return collect_weight_updates(self.fmodel.transformers, self.components, lora_only=self.lora is not None)
+        (the compute dtype is the rollout dtype), so engines receive weights in --rollout-dtype.
+        fsdp: gathered one parameter at a time and cast to the compute dtype; every rank must call it."""
+        lora_only = self.lora is not None
+        with resident(self.offload, optimizer=False):
+            if not self.sharded:
+                return collect_weight_updates(self.fmodel.transformers, self.components, lora_only=lora_only)
+            dtype = torch_dtype(self.args.compute_dtype)
+            return [WeightUpdate(c, dict(fsdp.iter_full_parameters(self.model.transformers[c], lora_only, dtype)),
+                                 lora_only) for c in self.components]
 
     def trained_state(self) -> dict[str, torch.Tensor]:
-        """Every trained tensor by `<component>.<param name>`, CPU copies (tests compare runs with it)."""
-        return {n: p.detach().cpu().clone() for n, p in self.params.items()}
+        """Every trained tensor by `<component>.<param name>`, whole CPU copies (tests compare runs with
+        it; fsdp: gathered, so every rank must call it)."""
+        with resident(self.offload, optimizer=False):
+            return {n: fsdp.full_tensor(p.detach()).cpu().clone() for n, p in self.params.items()}
 
     # -- checkpoints --------------------------------------------------------------------------
 
     def save(self, staging: str) -> None:
         staging = Path(staging)
         torch.save(ckpt.rng_state(), staging / f"rng_rank{self.rank}.pt")
+        if self.sharded:
+            with resident(self.offload, optimizer=True):
+                fsdp.save_sharded(staging, self.rank, self.world_size, self.model, self.components, self.params,
+                                  self.optimizer, self.ema, self.optimizer_step, self.lora is not None)
+            return
         if self.rank != 0:
             return
         for component in self.components:
@@ -408,11 +454,23 @@ class TrainRank:
                 ckpt.save_tensors(staging / f"ema_{component}.safetensors", shadow)
         torch.save({"optimizer": self.optimizer.state_dict(), "optimizer_step": self.optimizer_step},
                    staging / "optimizer.pt")
-        (staging / "rank0.json").write_text(json.dumps({"world_size": self.world_size, "lora": self.lora is not None}))
+        (staging / "rank0.json").write_text(json.dumps({"backend": "dp", "world_size": self.world_size,
+                                                        "lora": self.lora is not None}))
 
     @torch.no_grad()
     def load(self, path: str) -> None:
         path = Path(path)
+        with resident(self.offload, optimizer=True):
+            if self.sharded:
+                self.optimizer_step = fsdp.load_sharded(path, self.model, self.components, self.params,
+                                                        self.optimizer, self.ema)
+            else:
+                self._load_whole(path)
+        rng_file = path / f"rng_rank{self.rank}.pt"
+        ckpt.set_rng_state(torch.load(rng_file if rng_file.exists() else path / "rng_rank0.pt", weights_only=False))
+
+    def _load_whole(self, path: Path) -> None:
+        fsdp.check_backend(path, "dp")
         for component in self.components:
             stored = ckpt.load_tensors(path / f"model_{component}.safetensors")
             for name, tensor in stored.items():
@@ -424,8 +482,6 @@ class TrainRank:
         state = torch.load(path / "optimizer.pt", weights_only=False)
         self.optimizer.load_state_dict(state["optimizer"])
         self.optimizer_step = state["optimizer_step"]
-        rng_file = path / f"rng_rank{self.rank}.pt"
-        ckpt.set_rng_state(torch.load(rng_file if rng_file.exists() else path / "rng_rank0.pt", weights_only=False))
 
 
 def enable_gradient_checkpointing(module: torch.nn.Module, family: str, component: str) -> None:

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from miles.utils.ports import free_ports
+
 # the device types each torch.distributed backend takes tensors on
 # (gloo has partial CUDA support in some builds; we never rely on it)
 _BACKEND_DEVICES = {"gloo": frozenset({"cpu"}), "nccl": frozenset({"cuda"})}
@@ -68,8 +70,13 @@ class Collectives:
         self.backend = self.backend or backend_for(self.device.type)
         self.supported = supported_devices(self.backend)
 
-    def init_process_group(self, rank: int, master_addr: str, master_port: int) -> None:
-        if self.world_size > 1:
+    def init_process_group(self, rank: int, master_addr: str | None, master_port: int | None,
+                           always: bool = False) -> None:
+        """Join the group; a world of one has none unless `always` (FSDP2 needs a group even then).
+        A process that already has the group (a second rank object in one test process) keeps it."""
+        if (self.world_size > 1 or always) and not dist.is_initialized():
+            if master_addr is None:
+                master_addr, master_port = "127.0.0.1", free_ports(1)[0]
             dist.init_process_group(self.backend, init_method=f"tcp://{master_addr}:{master_port}",
                                     rank=rank, world_size=self.world_size)
 

@@ -6,6 +6,7 @@ import ray
 
 from miles.backends.actor import TrainRank, torch_dtype
 from miles.backends.lora import LoraSpec
+from miles.backends.train_offload import resident
 from miles.backends.sync_group import SyncGroupAddress, WeightSender
 from miles.backends.weight_buckets import BucketPlan, plan_buckets, send_buckets, synced_tensors
 from miles.backends.types import RolloutBatch, TrainResult
@@ -13,13 +14,15 @@ from miles.ray import faults
 from miles.ray.faults import wait_for
 from miles.utils.debug_faults import fire
 from miles.ray.placement import PlacementPlan, actor_options
-from miles.utils.external_utils.ray_cluster import free_ports
+from miles.utils.ports import free_ports
 
 
 class TrainActor(TrainRank):
     def weight_update_refs(self) -> list[tuple[str, ray.ObjectRef]]:
-        """(component, ref to its state dict): engines fetch the tensors from this actor's store."""
-        return [(u.component, ray.put(u.state_dict)) for u in self.weight_updates()]
+        """(component, ref to its state dict): engines fetch the tensors from this actor's store.
+        Sharded ranks all gather (a collective); only rank 0 hands its copy over."""
+        updates = self.weight_updates()
+        return [(u.component, ray.put(u.state_dict)) for u in updates] if self.rank == 0 else []
 
     # bucketed weight sync (miles.ray.weight_sync_group): rank 0 sends, every rank joins the gathers
     def weight_sync_address(self) -> tuple[str, int]:
@@ -32,7 +35,8 @@ class TrainActor(TrainRank):
         return synced_tensors(self.fmodel.transformers, self.components, lora_only=self.lora is not None)
 
     def weight_bucket_plan(self, buffer_bytes: int) -> BucketPlan:
-        return plan_buckets(self._synced_tensors(), torch_dtype(self.args.rollout_dtype), buffer_bytes)
+        with resident(self.offload, optimizer=False):  # --offload-train: the plan reads shapes and dtypes
+            return plan_buckets(self._synced_tensors(), torch_dtype(self.args.rollout_dtype), buffer_bytes)
 
     def join_weight_sync(self, address: SyncGroupAddress, plan: BucketPlan) -> None:
         self.bucket_plan = plan
@@ -41,10 +45,11 @@ class TrainActor(TrainRank):
     def send_weights(self) -> int:
         """Rank 0 packs and broadcasts; the others only take part in gathering sharded tensors.
         Returns the most staging bytes this rank held at once."""
-        tensors = {(c, n): t for c, n, t in self._synced_tensors()}
-        if self.weight_sender is not None:
-            return self.weight_sender.send(tensors).peak
-        return send_buckets(self.bucket_plan, tensors, None, self.device).peak
+        with resident(self.offload, optimizer=False):  # --offload-train: the weights, not the optimizer state
+            tensors = {(c, n): t for c, n, t in self._synced_tensors()}
+            if self.weight_sender is not None:
+                return self.weight_sender.send(tensors).peak
+            return send_buckets(self.bucket_plan, tensors, None, self.device).peak
 
     def trained_components(self) -> list[str]:
         return list(self.components)
@@ -90,6 +95,7 @@ class TrainActorGroup:
 
     def __init__(self, args, plan, placement: PlacementPlan, pg, runtime_env: dict | None = None):
         world_size = len(placement.train)
+        self.sharded = getattr(args, "train_backend", "dp") == "fsdp"  # gathers need every rank
         remote_cls = ray.remote(TrainActor)
         self.actors = [remote_cls.options(**actor_options(pg, slot, runtime_env)).remote(args, plan, rank, world_size)
                        for rank, slot in enumerate(placement.train)]
@@ -110,7 +116,8 @@ class TrainActorGroup:
         return self._get([a.train.remote(batch_ref) for a in self.actors], "train")
 
     def weight_update_refs(self) -> list[tuple[str, ray.ObjectRef]]:
-        return self._get([self.actors[0].weight_update_refs.remote()], "weight_update_refs", self.actors[:1])[0]
+        actors = self.actors if self.sharded else self.actors[:1]
+        return self._get([a.weight_update_refs.remote() for a in actors], "weight_update_refs", actors)[0]
 
     def lora_spec(self) -> LoraSpec | None:
         return self._get([self.actors[0].lora_spec.remote()], "lora_spec", self.actors[:1])[0]
@@ -125,7 +132,9 @@ class TrainActorGroup:
         self._get([a.load.remote(path) for a in self.actors], "load")
 
     def trained_state(self, rank: int = 0) -> dict:
-        return self._get([self.actors[rank].trained_state.remote()], "trained_state", [self.actors[rank]])[0]
+        actors = self.actors if self.sharded else [self.actors[rank]]
+        states = self._get([a.trained_state.remote() for a in actors], "trained_state", actors)
+        return states[rank] if self.sharded else states[0]
 
     def shutdown(self) -> None:
         for actor in self.actors:

@@ -14,6 +14,7 @@ import torch
 from miles.models.loader import DiffusionModel, load_model
 from miles.models.runtime import configure_torch
 from miles.rollout import sampler
+from miles.rollout.engine_offload import EngineOffload, reload_weights, resident_while_sampling
 from miles.rollout.types import SampleRequest, SamplingParams, Trajectory
 from miles.utils import phases
 
@@ -23,13 +24,14 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 class RolloutEngine:
     def __init__(self, checkpoint: str | Path, params: SamplingParams, family: str | None = None,
                  device: str = "cpu", dtype: torch.dtype | str = torch.float32,
-                 num_threads: int | None = None, deterministic: bool = False):
+                 num_threads: int | None = None, deterministic: bool = False, offload: bool = False):
         phases.actor_init("rollout engine")
         configure_torch(deterministic=deterministic, num_threads=num_threads)
         dtype = _DTYPES[dtype] if isinstance(dtype, str) else dtype
         self.params = params
         self.model: DiffusionModel = load_model(checkpoint, family=family, device=device, dtype=dtype)
         sampler.guidance_scales(self.model, params)  # a missing Wan2.2 second scale fails at start
+        self.offloaded_weights = EngineOffload(self.model) if offload else None  # --offload-rollout
         phases.actor_ready("rollout engine")
 
     @classmethod
@@ -39,6 +41,7 @@ class RolloutEngine:
             device=device or ("cuda" if args.device == "cuda" else "cpu"),
             dtype=getattr(args, "rollout_dtype", "float32") or "float32",
             num_threads=num_threads, deterministic=getattr(args, "deterministic_mode", False),
+            offload=getattr(args, "offload_rollout", False),
         )
 
     @property
@@ -46,17 +49,20 @@ class RolloutEngine:
         return self.model.family
 
     def generate(self, requests: list[SampleRequest], trained_steps: list[int], debug: bool = False) -> list[Trajectory]:
-        return sampler.generate(self.model, requests, self.params, trained_steps, debug)
+        with resident_while_sampling(self.offloaded_weights):
+            return sampler.generate(self.model, requests, self.params, trained_steps, debug)
 
     def apply_lora(self, rank: int | dict, alpha: float | None = None, target_modules: list[str] | None = None,
                    components: list[str] | None = None) -> None:
         """Inject LoRA adapters as the trainer does; `rank` may be a dict of these arguments."""
+        reload_weights(self.offloaded_weights)
         if isinstance(rank, dict):
             self.model.apply_lora(**rank)
         else:
             self.model.apply_lora(rank, alpha, target_modules, components)
 
     def load_weights(self, component: str, state_dict: dict[str, torch.Tensor]) -> None:
+        reload_weights(self.offloaded_weights)  # resident from here until the next generate ends
         self.model.load_weights(component, state_dict)
 
     def join_weight_sync(self, address, rank: int, plan) -> None:
@@ -67,6 +73,7 @@ class RolloutEngine:
 
     def receive_weights(self) -> int:
         """One bucketed weight update, copied in place; the most staging bytes it held at once."""
+        reload_weights(self.offloaded_weights)  # resident from here until the next generate ends
         return self.weight_receiver.receive().peak
 
     def sampling_params(self) -> dict:
@@ -101,5 +108,5 @@ def create_engine_actor(args, num_threads: int | None = None, **ray_options):
     return ray.remote(RolloutEngineActor).options(**options).remote(
         args.hf_checkpoint, SamplingParams.from_args(args), args.diffusion_model_family,
         "cuda" if args.device == "cuda" else "cpu", getattr(args, "rollout_dtype", "float32") or "float32",
-        num_threads, getattr(args, "deterministic_mode", False),
+        num_threads, getattr(args, "deterministic_mode", False), getattr(args, "offload_rollout", False),
     )

@@ -26,6 +26,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 DTYPES = ("float32", "bfloat16", "float16")
+TRAIN_BACKENDS = ("dp", "fsdp")
 LOSS_TYPES = ("policy_loss", "nft", "sft_loss")
 SDE_TYPES = ("sde", "ode", "cps")
 WEIGHT_SYNC_MODES = ("bucketed", "object-store")
@@ -182,6 +183,14 @@ def _cluster(parser) -> None:
     g.add_argument("--sequence-parallel-size", type=positive_int, default=1,
                    help="ranks that split one sequence; dp_size = train ranks / this")
     g.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="where models run")
+    g.add_argument("--train-backend", choices=TRAIN_BACKENDS, default="dp",
+                   help="dp: every train rank holds the whole model and all-reduces gradients; fsdp: FSDP2 "
+                   "shards each trained transformer (one unit per block) across the train ranks, params, grads "
+                   "and AdamW state / ranks")
+    _switch(g, "--offload-train", "with --colocate: between train steps the train ranks keep weights and "
+            "optimizer state in host memory, so the engines sampling on their GPUs have the memory")
+    _switch(g, "--offload-rollout", "with --colocate: engines keep their weights in host memory from the end of "
+            "each generate until the next weight load or generate, so training has the memory")
     g.add_argument("--gpu-memory-gb", type=positive_float, default=None,
                    help="memory of each GPU in GiB (H100: 80, H200: 141); the memory plan refuses a layout whose "
                    "per-GPU estimate exceeds it minus 10%% headroom; unset: GPU 0's by NVML, else 80")

@@ -12,8 +12,8 @@ safetensors headers (tensor shapes; a header is a few KiB at the start of the fi
 
 The model (what each term is, in bytes; p = --param-dtype, c = --compute-dtype, r = --rollout-dtype):
 
-train rank (the data-parallel backend of miles/backends/actor.py; nothing is sharded, so the
-sharding factor is 1 and every term is per rank whatever the rank count):
+train rank, --train-backend dp (miles/backends/actor.py; nothing is sharded, so the sharding
+factor is 1 and every term is per rank whatever the rank count):
   master model      every transformer component + the VAE, in p (the loader loads them all)
   compute copy      the same again in c, when c != p (the copy forwards and the probe run on)
   trained state     per trained parameter T (the trained components, or the LoRA adapters), at
@@ -26,6 +26,21 @@ sharding factor is 1 and every term is per rank whatever the rank count):
                     (Korthikanti et al. 2022, "Reducing Activation Recomputation", with flash
                     attention: no s^2 term); with --gradient-checkpointing only each block's input
                     (1 value) is kept, plus one block's full set during its recompute
+train rank, --train-backend fsdp (miles/backends/fsdp.py; sharding factor N = the train ranks):
+  master model      the trained components / N in p (FSDP2 shards them); every other part (VAE,
+                    an untrained expert) whole in c (cast once; there is no compute copy)
+  gathered unit     one transformer block all-gathered in c, and its unsharded gradient in c
+                    during backward (the largest block: component params / blocks)
+  trained state     per trained parameter / N: the reduce-scattered gradient in p + AdamW
+                    exp_avg and exp_avg_sq in p (+ EMA in p); LoRA adapters are sharded with the
+                    model (their p bytes / N are in the master model term)
+  activations       as for dp (a rank's forwards see whole weights)
+offload (--offload-train / --offload-rollout, --colocate only): a train GPU's peak is the largest
+  of its phases instead of the sum of its roles (a side that does not compute in a phase holds
+  no activations in it). training: the rank + the engine without its pipeline weights
+  (--offload-rollout); rollout: the engine + the rank without its models and optimizer state
+  (--offload-train); weight sync: the engine + the rank without its optimizer state
+  (--offload-train). One flag alone leaves a phase with both sides' weights resident.
 engine (one per rollout GPU): every component of the pipeline (transformers, text encoders,
   VAE) in r, plus one forward's block activations (no graph), plus the VAE decoder's peak
   (VAE_DECODE_MAPS feature maps of VAE_DECODE_CHANNELS channels at pixel resolution over one
@@ -106,6 +121,11 @@ class RoleEstimate:
     role: str
     terms: list[tuple[str, float]]  # (what, bytes)
     count_per_gpu: int = 1
+    # the bytes offload moves to the host (train rank: models, optimizer state; engine: weights) and
+    # the working set a phase without compute drops (activations)
+    models: float = 0.0
+    optimizer_state: float = 0.0
+    activations: float = 0.0
 
     @property
     def total(self) -> float:
@@ -117,10 +137,11 @@ class GpuEstimate:
     name: str  # "train GPU", "rollout GPU", "reward GPU"
     roles: list[RoleEstimate]
     knobs: list[str] = field(default_factory=list)
+    phases: dict[str, float] = field(default_factory=dict)  # with offload: bytes resident in each phase
 
     @property
     def total(self) -> float:
-        return sum(r.total for r in self.roles)
+        return max(self.phases.values()) if self.phases else sum(r.total for r in self.roles)
 
 
 @dataclass
@@ -267,7 +288,15 @@ def _guided(ns: Namespace) -> bool:
     return get_family_facts(ns.diffusion_model_family).guided and max(scales) > 1.0
 
 
+def _sharding_factor(ns: Namespace) -> int:
+    from miles.utils.validation import train_gpus
+
+    return train_gpus(ns) if getattr(ns, "train_backend", "dp") == "fsdp" else 1
+
+
 def _train_rank(ns: Namespace, plan, facts: ModelFacts, geo: Geometry) -> tuple[RoleEstimate, list[str]]:
+    if getattr(ns, "train_backend", "dp") == "fsdp":
+        return _sharded_train_rank(ns, plan, facts, geo)
     p, c = DTYPE_BYTES[ns.param_dtype], DTYPE_BYTES[ns.compute_dtype]
     copy = c != p
     comps = facts.components
@@ -295,7 +324,62 @@ def _train_rank(ns: Namespace, plan, facts: ModelFacts, geo: Geometry) -> tuple[
     terms.append((f"trained state {what}: {t_params / 1e9:.3f} B params x {per_trained} B "
                   f"(backward's grads, the reduced grads, AdamW{', EMA' if ns.use_ema else ''})",
                   t_params * per_trained))
-    # activations of the largest trained transformer
+    optimizer_state = t_params * (2 * p + (p if ns.use_ema else 0))
+    grads = t_params * ((c if copy else p) + p)  # gone between steps (set to None)
+    models = sum(b for _, b in terms) - optimizer_state - grads
+    act_term, act_bytes = _activations(ns, plan, facts, geo, trained, c)
+    terms += [act_term, ("CUDA context and workspaces", CUDA_CONTEXT_GIB * GIB)]
+    role = RoleEstimate("train rank", terms, models=models, optimizer_state=optimizer_state,
+                        activations=act_bytes + grads)
+    return role, _train_knobs(ns, plan, trained, copy)
+
+
+def _trained(ns: Namespace, facts: ModelFacts) -> list[str]:
+    transformers = [n for n in facts.components if n.startswith("transformer")]
+    return [n for n in (ns.update_weight_target_module or transformers) if n in facts.components]
+
+
+def _lora_params(ns: Namespace, facts: ModelFacts, geo: Geometry, trained: list[str]) -> int:
+    comps = facts.components
+    return sum(int(ns.lora_rank * geo.lora_linears_per_block * comps[n].hidden) * comps[n].blocks for n in trained)
+
+
+def _sharded_train_rank(ns: Namespace, plan, facts: ModelFacts, geo: Geometry) -> tuple[RoleEstimate, list[str]]:
+    """--train-backend fsdp: see the module docstring's model."""
+    p, c = DTYPE_BYTES[ns.param_dtype], DTYPE_BYTES[ns.compute_dtype]
+    n = _sharding_factor(ns)
+    comps = facts.components
+    trained = _trained(ns, facts)
+    lora = _lora_params(ns, facts, geo, trained) if ns.use_lora else 0
+    sharded = sum(comps[t].params for t in trained) + lora
+    others = [k for k in comps if (k.startswith("transformer") and k not in trained) or k == "vae"]
+    rest = sum(comps[k].params for k in others)
+    if ns.loss_type == "sft_loss":
+        rest += sum(comps[k].params for k in comps if k.startswith("text_encoder"))
+    t_params = lora if ns.use_lora else sum(comps[t].params for t in trained)
+    unit = max((comps[t].params + (lora // len(trained) if lora else 0)) / comps[t].blocks for t in trained)
+    per_trained = p + 2 * p + (p if ns.use_ema else 0)
+    what = f"LoRA rank {ns.lora_rank} on {'+'.join(trained)}" if ns.use_lora else f"full {'+'.join(trained)}"
+    terms = [(f"master model: {sharded / 1e9:.2f} B sharded params in {ns.param_dtype} / {n} ranks", sharded * p / n),
+             (f"parts not trained ({'+'.join(others) or 'none'}) in {ns.compute_dtype}", rest * c),
+             (f"one all-gathered block ({unit / 1e9:.3f} B params) and its gradient in {ns.compute_dtype}",
+              2 * unit * c),
+             (f"trained state {what}: {t_params / 1e9:.3f} B params x {per_trained} B / {n} ranks (reduce-scattered "
+              f"grads, AdamW{', EMA' if ns.use_ema else ''})", t_params * per_trained / n)]
+    models = sharded * p / n + rest * c
+    optimizer_state = t_params * (per_trained - p) / n
+    transient = 2 * unit * c + t_params * p / n  # the gathered block, the sharded grads (None between steps)
+    act_term, act_bytes = _activations(ns, plan, facts, geo, trained, c)
+    terms += [act_term, ("CUDA context and workspaces", CUDA_CONTEXT_GIB * GIB)]
+    role = RoleEstimate("train rank", terms, models=models, optimizer_state=optimizer_state,
+                        activations=act_bytes + transient)
+    return role, _train_knobs(ns, plan, trained, copy=False)
+
+
+def _activations(ns: Namespace, plan, facts: ModelFacts, geo: Geometry, trained: list[str], c: int
+                 ) -> tuple[tuple[str, float], float]:
+    """The activations of the largest trained transformer: (term, bytes)."""
+    comps = facts.components
     big = max(trained, key=lambda n: comps[n].hidden * comps[n].blocks)
     hidden, blocks = comps[big].hidden, comps[big].blocks
     image, text = _tokens(ns, geo, _text_tokens(ns))
@@ -308,10 +392,17 @@ def _train_rank(ns: Namespace, plan, facts: ModelFacts, geo: Geometry) -> tuple[
     else:
         per_forward = blocks * per_block
         how = f"{ACT_VALUES_PER_TOKEN} values/token/hidden per block"
-    terms.append((f"activations: {forwards} forwards x {tokens} tokens x {hidden} hidden x {blocks} blocks, {how}",
-                  forwards * per_forward))
-    terms.append(("CUDA context and workspaces", CUDA_CONTEXT_GIB * GIB))
+    term = (f"activations: {forwards} forwards x {tokens} tokens x {hidden} hidden x {blocks} blocks, {how}",
+            forwards * per_forward)
+    return term, term[1]
+
+
+def _train_knobs(ns: Namespace, plan, trained: list[str], copy: bool) -> list[str]:
     knobs = []
+    if getattr(ns, "train_backend", "dp") != "fsdp":
+        knobs.append("--train-backend fsdp (shards weights, grads and AdamW state over the train ranks)")
+    if ns.colocate and not (getattr(ns, "offload_train", False) and getattr(ns, "offload_rollout", False)):
+        knobs.append("--offload-train --offload-rollout (the rank and the engine take turns on the GPU)")
     if not ns.use_lora:
         knobs.append("--use-lora (trains adapters instead of every weight)")
     if len(trained) > 1:
@@ -322,7 +413,7 @@ def _train_rank(ns: Namespace, plan, facts: ModelFacts, geo: Geometry) -> tuple[
         knobs.append("a smaller --micro-batch-size / --micro-batch-size-sample")
     if copy and ns.param_dtype == "float32":
         knobs.append(f"--param-dtype {ns.compute_dtype} (drops the float32 master copy)")
-    return RoleEstimate("train rank", terms), knobs
+    return knobs
 
 
 def _engine(ns: Namespace, plan, facts: ModelFacts, geo: Geometry) -> tuple[RoleEstimate, list[str]]:
@@ -332,7 +423,8 @@ def _engine(ns: Namespace, plan, facts: ModelFacts, geo: Geometry) -> tuple[Role
     transformers = [n for n in comps if n.startswith("transformer")]
     big = max(transformers, key=lambda n: comps[n].hidden * comps[n].blocks)
     image, text = _tokens(ns, geo, _text_tokens(ns))
-    terms = [(f"pipeline {params / 1e9:.2f} B params in {ns.rollout_dtype}", params * r),
+    weights = params * r
+    terms = [(f"pipeline {params / 1e9:.2f} B params in {ns.rollout_dtype}", weights),
              ("one block's activations (no graph)",
               ACT_VALUES_PER_TOKEN * (image + text) * comps[big].hidden * r)]
     frames = ns.diffusion_output_num_frames
@@ -350,7 +442,8 @@ def _engine(ns: Namespace, plan, facts: ModelFacts, geo: Geometry) -> tuple[Role
         knobs.append("--rollout-dtype bfloat16 (with --compute-dtype bfloat16)")
     if ns.colocate:
         knobs.append("drop --colocate and give engines their own GPUs (--rollout-num-gpus)")
-    return RoleEstimate("engine", terms), knobs
+    working = sum(b for _, b in terms) - weights - CUDA_CONTEXT_GIB * GIB
+    return RoleEstimate("engine", terms, models=weights, activations=working), knobs
 
 
 def _reward(ns: Namespace, workers_per_gpu: int) -> RoleEstimate | None:
@@ -391,6 +484,7 @@ def build_memory_plan(ns: Namespace, plan) -> MemoryPlan:
     if engine is not None and ns.colocate:
         train_gpu.roles.append(engine)
         train_gpu.knobs += engine_knobs
+        train_gpu.phases = offload_phases(ns, train, engine)
     reward_note = ""
     if ns.loss_type != "sft_loss" and ns.rm_num_gpus_per_worker > 0:
         if ns.colocate_reward:
@@ -398,6 +492,7 @@ def build_memory_plan(ns: Namespace, plan) -> MemoryPlan:
             reward = _reward(ns, per_gpu)
             if reward is not None:
                 train_gpu.roles.append(reward)
+                train_gpu.phases = {k: v + reward.total for k, v in train_gpu.phases.items()}
         else:
             per_gpu = min(ns.rm_num_workers, max(1, int(1 / ns.rm_num_gpus_per_worker + 1e-9)))
             reward = _reward(ns, per_gpu)
@@ -412,6 +507,8 @@ def build_memory_plan(ns: Namespace, plan) -> MemoryPlan:
     for g in gpus:
         verdict = "fits" if g.total / GIB <= budget else "DOES NOT FIT"
         lines.append(f"  {g.name}: {g.total / GIB:.1f} GiB ({verdict})")
+        if g.phases:
+            lines.append("    peak of the phases (offload): " + ", ".join(f"{k} {v / GIB:.1f}" for k, v in g.phases.items()))
         for role in g.roles:
             times = f" x {role.count_per_gpu} per GPU" if role.count_per_gpu > 1 else ""
             lines.append(f"    {role.role}{times}: {role.total / GIB:.1f}")
@@ -419,9 +516,29 @@ def build_memory_plan(ns: Namespace, plan) -> MemoryPlan:
                 lines.append(f"      {b / GIB:8.2f}  {what}")
     if reward_note:
         lines.append(f"  {reward_note}")
-    lines.append(f"  train ranks {layout.train}, sharding factor 1 (data-parallel backend: every rank holds the "
-                 f"whole model)")
+    factor = _sharding_factor(ns)
+    if getattr(ns, "train_backend", "dp") == "fsdp":
+        lines.append(f"  train ranks {layout.train}, sharding factor {factor} (--train-backend fsdp: master params, "
+                     f"grads and AdamW state / {factor}, one block all-gathered in {ns.compute_dtype} at a time)")
+    else:
+        lines.append(f"  train ranks {layout.train}, sharding factor 1 (data-parallel backend: every rank holds the "
+                     f"whole model)")  # the dry snapshots hold this line: keep its words
     return MemoryPlan(lines, gpus, budget, gpu_gb)
+
+
+def offload_phases(ns: Namespace, train: RoleEstimate, engine: RoleEstimate) -> dict[str, float]:
+    """Bytes resident on a shared GPU in each phase, when an offload flag is on (else {}: the sum)."""
+    offload_train, offload_rollout = getattr(ns, "offload_train", False), getattr(ns, "offload_rollout", False)
+    if not (offload_train or offload_rollout):
+        return {}
+    # a side that does not compute in a phase holds no activations in it
+    phases = {"training": train.total + engine.total - engine.activations - (engine.models if offload_rollout else 0.0),
+              "rollout": engine.total + train.total - train.activations - (
+                  train.models + train.optimizer_state if offload_train else 0.0)}
+    # the engine receives the weights: the rank holds its models, not its optimizer state
+    phases["weight sync"] = engine.total + train.total - train.activations - (
+        train.optimizer_state if offload_train else 0.0)
+    return phases
 
 
 def plan_and_check(ns: Namespace, plan) -> MemoryPlan:

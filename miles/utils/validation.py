@@ -83,7 +83,7 @@ def has_rollout_engines(ns: Namespace) -> bool:
 def check_cross_flag_rules(ns: Namespace, family: FamilyFacts) -> None:
     for rule in (_run_length, _checkpointing, _lora_flags, _run_modes, _kl_reference, _reward_source,
                  _dotted_paths, _prompt_data, _learning_rates, _microgroups, _target_modules, _dtypes,
-                 _unimplemented_values, _gpu_memory, _edm_schedule, _weight_sync):
+                 _unimplemented_values, _gpu_memory, _edm_schedule, _weight_sync, _offload):
         rule(ns, family)
 
 
@@ -124,6 +124,20 @@ def _unimplemented_values(ns: Namespace, family: FamilyFacts) -> None:
         raise ConfigError(f"--rollout-num-gpus-per-engine {ns.rollout_num_gpus_per_engine}: an engine runs on one "
                           f"device (no multi-GPU engine is implemented); use 1 and raise --rollout-num-gpus for "
                           f"more engines")
+
+
+def _offload(ns: Namespace, family: FamilyFacts) -> None:
+    """Offload frees a side's memory for the other side of a shared GPU; without one it would only
+    cost copies, so the flag is refused rather than accepted and left to slow the run down."""
+    for flag, on in (("--offload-train", ns.offload_train), ("--offload-rollout", ns.offload_rollout)):
+        if not on:
+            continue
+        if not has_rollout_engines(ns):
+            raise ConfigError(f"{flag}: this run has no rollout engines (--train-only / --loss-type {ns.loss_type}), "
+                              f"so no engine shares the train GPUs; fix: drop {flag}")
+        if not ns.colocate:
+            raise ConfigError(f"{flag} without --colocate: train ranks and engines have GPUs of their own, so the "
+                              f"memory offload frees would serve nobody; fix: add --colocate or drop {flag}")
 
 
 def _gpu_memory(ns: Namespace, family: FamilyFacts) -> None:

@@ -4,13 +4,14 @@ a cluster to hold the resources a job needs. Ray itself is imported only where i
 from __future__ import annotations
 
 import os
-import random
 import resource
 import shlex
 import socket
 import sys
 import time
 from dataclasses import asdict, dataclass
+
+from miles.utils.ports import free_port_range, free_ports  # noqa: F401  (free_ports: also the launcher's)
 
 # Ray puts unix sockets under its temp dir and socket paths are limited to ~107 bytes, so the
 # dir must stay short: never under the (possibly deep) output dir.
@@ -45,41 +46,8 @@ class RayPorts:
         singles = dict(zip(names, free_ports(len(names), host), strict=True))
         if gcs_port:
             singles["gcs_port"] = gcs_port
-        low = free_port_range(_WORKER_PORT_COUNT, host, avoid=set(singles.values()))
+        low = free_port_range(_WORKER_PORT_COUNT, _WORKER_PORT_SPAN, host, avoid=set(singles.values()))
         return cls(**singles, min_worker_port=low, max_worker_port=low + _WORKER_PORT_COUNT - 1)
-
-
-def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
-    """Ports the kernel reports free now. All sockets stay open until every port is picked, so
-    the kernel cannot hand out the same one twice."""
-    sockets = []
-    try:
-        for _ in range(count):
-            sock = socket.socket()
-            sock.bind((host, 0))
-            sockets.append(sock)
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
-
-
-def free_port_range(count: int, host: str = "127.0.0.1", avoid: set[int] = frozenset(), tries: int = 50) -> int:
-    for _ in range(tries):
-        low = random.randrange(_WORKER_PORT_SPAN[0], _WORKER_PORT_SPAN[1] - count)
-        span = range(low, low + count)
-        if not avoid.intersection(span) and all(_port_is_free(p, host) for p in span):
-            return low
-    raise RuntimeError(f"no {count} consecutive free ports found in {_WORKER_PORT_SPAN}")
-
-
-def _port_is_free(port: int, host: str) -> bool:
-    with socket.socket() as sock:
-        try:
-            sock.bind((host, port))
-            return True
-        except OSError:
-            return False
 
 
 def ray_temp_dir_for(token: str) -> str:

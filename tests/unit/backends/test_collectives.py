@@ -43,7 +43,7 @@ class _TwoIdenticalRanks(Collectives):
     real two-process gloo group runs in tests/unit/ray/test_data_parallel.py.
     """
 
-    def init_process_group(self, rank, master_addr, master_port):
+    def init_process_group(self, rank, master_addr, master_port, always=False):
         pass
 
     def all_reduce(self, tensor, op="sum"):

@@ -26,6 +26,7 @@ DATA = "tests/unit/rollout/test_data.py"
 SCORE = "tests/unit/rollout/rm_hub/test_score_samples.py"
 POOL = "tests/unit/rollout/rm_hub/test_reward_pool.py"
 MEM = "tests/unit/utils/test_memory_plan.py"
+FSDP = "tests/unit/backends/test_fsdp.py"
 
 FLAG_TESTS = {
     # cluster
@@ -39,6 +40,9 @@ FLAG_TESTS = {
     "--sequence-parallel-size": f"{R}::test_sequence_parallel_size_other_than_1_is_refused",
     "--device": f"{POOL}::test_workers_of_a_cpu_job_ask_for_no_gpu_whatever_the_gpu_share",
     "--gpu-memory-gb": f"{MEM}::test_gpu_memory_gb_decides_the_verdict",
+    "--train-backend": f"{FSDP}::test_two_sharded_ranks_match_one_rank_keep_parity_exact_offload_and_resume_bit_exact",
+    "--offload-train": f"{FSDP}::test_two_sharded_ranks_match_one_rank_keep_parity_exact_offload_and_resume_bit_exact",
+    "--offload-rollout": f"{FSDP}::test_two_sharded_ranks_match_one_rank_keep_parity_exact_offload_and_resume_bit_exact",
     # batch
     "--rollout-batch-size": f"{R}::test_worked_example_of_the_design_gives_its_counts",
     "--n-samples-per-prompt": f"{R}::test_worked_example_of_the_design_gives_its_counts",

@@ -94,6 +94,51 @@ def test_sharing_a_gpu_adds_the_engine_and_more_pairs_per_forward_add_activation
     assert bigger.gpus[0].total > colocated.gpus[0].total
 
 
+def train_terms(plan) -> dict[str, float]:
+    rank = plan.gpus[0].roles[0]
+    assert rank.role == "train rank"
+    return {what.split(":")[0].split(" (")[0]: b for what, b in rank.terms}
+
+
+def test_fsdp_divides_master_weights_grads_and_adam_state_by_the_train_ranks_and_gathers_one_block():
+    full = [*WAN, "--param-dtype", "float32"]  # full-parameter Wan2.2 transformer, fp32 master, bf16 compute
+    dp = memory(full)
+    two, four = (memory([*full, "--train-backend", "fsdp", "--actor-num-gpus-per-node", str(n),
+                         "--num-gpus-per-node", str(n)]) for n in (2, 4))
+    assert "sharding factor 4 (--train-backend fsdp" in four.table() and "sharding factor 1" in dp.table()
+    t2, t4 = train_terms(two), train_terms(four)
+    master = [k for k in t4 if k.startswith("master model")][0]
+    state = [k for k in t4 if k.startswith("trained state")][0]
+    assert t2[master] == pytest.approx(2 * t4[master]) and t2[state] == pytest.approx(2 * t4[state])
+    # trained state per parameter: reduce-scattered grad + AdamW's two states, fp32, over 4 ranks
+    params = 14.29e9  # the committed table's Wan2.2 A14B transformer, about
+    assert t4[state] == pytest.approx(params * 12 / 4, rel=0.01)
+    gathered = [k for k in t4 if k.startswith("one all-gathered block")][0]
+    assert 0 < t4[gathered] < t4[master] / 4  # one of 40 blocks and its grad, in bf16
+    assert not any(k.startswith("compute copy") for k in t4)  # fsdp casts in the all-gather
+    assert four.gpus[0].total < dp.gpus[0].total / 2
+    assert "--train-backend fsdp" in " ".join(dp.gpus[0].knobs)
+
+
+def test_offload_makes_the_peak_the_largest_phase_not_the_sum_of_the_roles():
+    fsdp = [*WAN, "--train-backend", "fsdp"]
+    resident = memory(fsdp).gpus[0]
+    both = memory([*fsdp, "--offload-train", "--offload-rollout"]).gpus[0]
+    train, engine = both.roles[0], both.roles[1]
+    assert resident.phases == {} and resident.total == pytest.approx(train.total + engine.total)
+    assert set(both.phases) == {"training", "rollout", "weight sync"}
+    assert both.phases["training"] == pytest.approx(train.total + engine.total - engine.models - engine.activations)
+    assert both.phases["rollout"] == pytest.approx(
+        engine.total + train.total - train.activations - train.models - train.optimizer_state)
+    assert both.total == max(both.phases.values()) < resident.total
+    text = memory([*fsdp, "--offload-train", "--offload-rollout"]).table()
+    assert "peak of the phases (offload): training" in text
+    # one flag alone leaves a phase with both sides' weights resident
+    only_train = memory([*fsdp, "--offload-train"]).gpus[0]
+    assert only_train.phases["training"] == pytest.approx(train.total + engine.total - engine.activations)
+    assert both.total < only_train.total
+
+
 def test_parameters_come_from_safetensors_headers_without_reading_weights(tmp_path):
     torch = pytest.importorskip("torch")
     from safetensors.torch import save_file

@@ -1,0 +1,203 @@
+"""`--train-backend fsdp`: each trained transformer sharded with FSDP2 across the train ranks.
+
+Units. One `fully_shard` unit per transformer block (every block of each `*blocks` ModuleList of
+the transformer) plus the transformer itself as the root unit (embeddings, norms, projections).
+Every unit reshards after its forward (the root too), so between forwards a rank holds 1 / ranks
+of each trained weight plus at most one all-gathered unit.
+
+Dtypes. The sharded parameters are the master weights, in --param-dtype. The mixed-precision
+policy all-gathers them cast to --compute-dtype (an elementwise cast of each shard, so the
+gathered weight is exactly the master rounded to the compute dtype, which is what an engine
+holds after it receives the weight in --rollout-dtype == --compute-dtype) and reduce-scatters
+the gradients in the param dtype. What FSDP does not cast is cast once here: the transformer's
+floating buffers and every part that is not trained (VAE, text encoders, an untrained expert) go
+to the compute dtype, as the engine loaded them; forward inputs are cast by the model's own
+`velocity` (its `dtype` becomes the compute dtype), never by FSDP, so they take the engine's path.
+So there is no second copy of the model in the compute dtype, and the parity probe stays exact.
+
+Gradients. Each micro-batch's backward reduce-scatters its gradients into the sharded gradient
+(summed in the param dtype, divided by the rank count), so a rank never holds a full gradient.
+The data-parallel backend instead sums a rank's micro-batches first and all-reduces once, so the
+two differ by float rounding order (tests/unit/backends/test_fsdp.py states the tolerance).
+
+Checkpoints: `torch.distributed.checkpoint` (DCP) files written by every rank into the staging
+directory, plus `rank0.json` (backend, rank count, optimizer step). DCP stores global shapes, so
+a checkpoint saved by N ranks loads on any rank count (resharded on load); a data-parallel
+checkpoint is refused under fsdp and the other way round, naming `--train-backend`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Iterator
+
+import torch
+import torch.distributed as dist
+
+from miles.backends.lora import is_lora_param
+
+BACKEND = "fsdp"
+MANIFEST = "rank0.json"
+
+
+class CheckpointBackendError(ValueError):
+    """A checkpoint written by the other train backend."""
+
+
+def device_mesh(device: torch.device, world_size: int):
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh(device.type, (world_size,))
+
+
+def transformer_blocks(module: torch.nn.Module) -> list[torch.nn.Module]:
+    """The repeated blocks of a diffusers transformer: the items of its `*blocks` ModuleLists."""
+    blocks = [block for name, child in module.named_children()
+              if isinstance(child, torch.nn.ModuleList) and name.endswith("blocks") for block in child]
+    if not blocks:
+        raise ValueError(f"--train-backend fsdp: {type(module).__name__} has no ModuleList of blocks "
+                         f"(no child named '*blocks'); use --train-backend dp")
+    return blocks
+
+
+def mixed_precision(param_dtype: torch.dtype, compute_dtype: torch.dtype):
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    return MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=param_dtype, output_dtype=None,
+                                cast_forward_inputs=False)
+
+
+def shard_model(model, components: list[str], mesh, param_dtype: torch.dtype, compute_dtype: torch.dtype) -> None:
+    """Shard the trained components in place; everything not trained goes to the compute dtype."""
+    from torch.distributed.fsdp import fully_shard
+
+    policy = mixed_precision(param_dtype, compute_dtype)
+    for component in components:
+        module = model.transformers[component]
+        for block in transformer_blocks(module):
+            fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=True)
+        fully_shard(module, mesh=mesh, mp_policy=policy, reshard_after_forward=True)
+        if compute_dtype != param_dtype:
+            _cast_buffers(module, compute_dtype)
+    trained = {id(model.transformers[c]) for c in components}
+    for part in model.parts.values():
+        if isinstance(part, torch.nn.Module) and id(part) not in trained and compute_dtype != param_dtype:
+            part.to(dtype=compute_dtype)
+    model.dtype = compute_dtype  # velocity() casts the latents to this, as an engine does
+
+
+@torch.no_grad()
+def _cast_buffers(module: torch.nn.Module, dtype: torch.dtype) -> None:
+    for sub in module.modules():
+        for name, buf in sub._buffers.items():
+            if buf is not None and buf.is_floating_point():
+                sub._buffers[name] = buf.to(dtype)
+
+
+def clip_gradients(params: list[torch.nn.Parameter], max_norm: float) -> float:
+    """Clip sharded gradients in place by their global norm; returns the norm before clipping.
+
+    The norm is summed from each rank's local shards (their squares, in float64) and all-reduced:
+    every element counted once whatever the sharding, the same total on every rank."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return 0.0
+    local_sq = torch.zeros((), dtype=torch.float64)
+    for g in grads:
+        local_sq += g.to_local().double().pow(2).sum().cpu()
+    if dist.is_initialized():
+        dist.all_reduce(local_sq)
+    norm = float(local_sq.sqrt())
+    if max_norm > 0:
+        coef = max_norm / (norm + 1e-6)
+        if coef < 1.0:
+            for g in grads:
+                g.to_local().mul_(coef)
+    return norm
+
+
+def full_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """The whole tensor of a sharded parameter (a collective: every rank must call it)."""
+    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+
+
+def iter_full_parameters(module: torch.nn.Module, lora_only: bool, dtype: torch.dtype | None = None
+                         ) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, whole tensor on the host) one parameter at a time: the most a rank gathers at once
+    is one parameter. Every rank must drain the iterator (each item is a collective)."""
+    for name, p in module.named_parameters():
+        if lora_only and not is_lora_param(name):
+            continue
+        whole = full_tensor(p.detach())
+        yield name, whole.to(device="cpu", dtype=dtype or whole.dtype, copy=True)
+
+
+def check_same_expert_sequence(experts: list[str], world_size: int) -> None:
+    """Every rank must run its units' forwards in the same order (each forward all-gathers):
+    refuse a schedule whose micro-batches hit the experts in a different order on some rank."""
+    if world_size == 1:
+        return
+    gathered: list = [None] * world_size
+    dist.all_gather_object(gathered, experts)
+    if any(g != gathered[0] for g in gathered):
+        raise RuntimeError(f"--train-backend fsdp: the ranks' micro-batches use the experts in different orders "
+                           f"({[g[:6] for g in gathered]}...), so their all-gathers would not match; use "
+                           f"--train-backend dp for this batch layout")
+
+
+# -- checkpoints ------------------------------------------------------------------------------------
+
+def _container(model, components: list[str]) -> torch.nn.ModuleDict:
+    """The trained components under one module, so parameter names are `<component>.<name>`."""
+    return torch.nn.ModuleDict({c: model.transformers[c] for c in components})
+
+
+def _state(model, components, params, optimizer, ema) -> dict:
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    state = {"params": {n: p.detach() for n, p in params.items()},
+             "optimizer": get_optimizer_state_dict(_container(model, components), optimizer)}
+    if ema is not None:
+        state["ema"] = ema.shadow
+    return state
+
+
+def save_sharded(staging: Path, rank: int, world_size: int, model, components, params, optimizer, ema,
+                 optimizer_step: int, lora: bool) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    dcp.save(_state(model, components, params, optimizer, ema), checkpoint_id=str(staging))
+    if rank == 0:
+        manifest = {"backend": BACKEND, "world_size": world_size, "lora": lora, "optimizer_step": optimizer_step}
+        (staging / MANIFEST).write_text(json.dumps(manifest))
+
+
+def read_manifest(path: Path) -> dict:
+    manifest = path / MANIFEST
+    return json.loads(manifest.read_text()) if manifest.exists() else {}
+
+
+def check_backend(path: Path, backend: str) -> dict:
+    """The checkpoint's manifest, or CheckpointBackendError if another train backend wrote it."""
+    manifest = read_manifest(path)
+    saved = manifest.get("backend", "dp")
+    if saved != backend:
+        raise CheckpointBackendError(
+            f"checkpoint {path} was saved by --train-backend {saved} ({manifest.get('world_size', '?')} ranks), "
+            f"this run uses --train-backend {backend}; the two layouts differ (fsdp: sharded DCP files, dp: whole "
+            f"safetensors); fix: resume with --train-backend {saved}")
+    return manifest
+
+
+@torch.no_grad()
+def load_sharded(path: Path, model, components, params, optimizer, ema) -> int:
+    """Load in place (resharded to this run's rank count); returns the optimizer step."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+
+    manifest = check_backend(path, BACKEND)
+    state = _state(model, components, params, optimizer, ema)
+    dcp.load(state, checkpoint_id=str(path))
+    set_optimizer_state_dict(_container(model, components), optimizer, state["optimizer"])
+    return int(manifest["optimizer_step"])

@@ -1,0 +1,106 @@
+"""Offload: move a set of tensors' storage off the accelerator and back, byte for byte.
+
+`--offload-train` and `--offload-rollout` let a train rank and a rollout engine that share a GPU
+(`--colocate`) take turns: the idle side keeps its weights (and optimizer state) in host memory
+while the other side runs. The move is done per storage, not per tensor: each distinct storage
+is copied into a host buffer and then resized to zero bytes, which frees its memory while every
+tensor, view, `nn.Parameter` and DTensor shard that points at it stays the same Python object
+(optimizer state keyed by parameter, FSDP2's views into its padded shards, PEFT's wrappers all
+keep working). `reload` resizes the storage back and copies the bytes in. On the CPU the "device"
+and the host are the same memory, and the move is still real: the tensors' own storage is freed
+and a separate copy holds the bytes (`resident_bytes` says what is left).
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+
+
+def _storage_bytes(storage: torch.UntypedStorage) -> torch.Tensor:
+    """A uint8 tensor over the whole storage (every byte, padding included)."""
+    return torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
+
+
+def module_tensors(modules: Iterable[torch.nn.Module]) -> list[torch.Tensor]:
+    """Every parameter, gradient and buffer of the modules (DTensors by their local shard)."""
+    out = []
+    for module in modules:
+        for p in module.parameters():
+            out.append(p)
+            if p.grad is not None:
+                out.append(p.grad)
+        out.extend(module.buffers())
+    return out
+
+
+@torch.no_grad()
+def own_storage(modules: Iterable[torch.nn.Module]) -> None:
+    """Give parameters and buffers whose storage cannot be resized (a safetensors file mapping, as
+    a CPU load leaves them) an ordinary allocation of their own, so `offload` can free it."""
+    for module in modules:
+        for sub in module.modules():
+            for p in sub._parameters.values():
+                if p is not None and not local(p.data).untyped_storage().resizable():
+                    p.data = p.data.clone()
+            for name, buf in sub._buffers.items():
+                if buf is not None and not buf.untyped_storage().resizable():
+                    sub._buffers[name] = buf.clone()
+
+
+def optimizer_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    return [v for state in optimizer.state.values() for v in state.values() if isinstance(v, torch.Tensor)]
+
+
+def local(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+
+
+class StorageOffload:
+    """Host copies of tensors' storages; the device storages are freed while offloaded."""
+
+    def __init__(self, what: str):
+        self.what = what
+        self._host: list[tuple[torch.UntypedStorage, torch.Tensor]] = []
+
+    @property
+    def offloaded(self) -> bool:
+        return bool(self._host)
+
+    @torch.no_grad()
+    def offload(self, tensors: Iterable[torch.Tensor]) -> None:
+        if self.offloaded:
+            raise RuntimeError(f"{self.what} is already offloaded")
+        seen: set[int] = set()
+        for tensor in tensors:
+            storage = local(tensor.detach()).untyped_storage()
+            key = storage.data_ptr()
+            if key in seen or storage.nbytes() == 0:
+                continue
+            seen.add(key)
+            pin = storage.device.type == "cuda"
+            host = torch.empty(storage.nbytes(), dtype=torch.uint8, device="cpu", pin_memory=pin)
+            host.copy_(_storage_bytes(storage))
+            storage.resize_(0)
+            self._host.append((storage, host))
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()  # give the memory back for the other process on this GPU
+
+    @torch.no_grad()
+    def reload(self) -> None:
+        for storage, host in self._host:
+            storage.resize_(host.numel())
+            _storage_bytes(storage).copy_(host)
+        self._host = []
+
+    @property
+    def host_bytes(self) -> int:
+        return sum(host.numel() for _, host in self._host)
+
+
+def resident_bytes(tensors: Iterable[torch.Tensor]) -> int:
+    """Bytes the tensors' distinct storages hold now (0 for an offloaded one)."""
+    storages = {local(t.detach()).untyped_storage().data_ptr(): local(t.detach()).untyped_storage().nbytes()
+                for t in tensors}
+    return sum(storages.values())

@@ -1,0 +1,155 @@
+"""--train-backend fsdp (FSDP2 over gloo on the CPU) and --offload-train / --offload-rollout."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from dtype_helpers import engine_for, one_rollout, tiny_args
+from fsdp_helpers import fsdp_args
+from miles.utils.ports import free_ports
+
+# one optimizer step per rollout: with more, each rank's window holds its own samples, so 1 and 2
+# ranks would step on different global batches (the plan deals pairs to ranks before windows)
+OFFLOAD = "--colocate --offload-train --offload-rollout --num-steps-per-rollout 1"
+# 2 sharded ranks vs 1 unsharded rank, fp32, one AdamW step (clip 1.0). Not bit-exact: the
+# sharded ranks reduce-scatter each micro-batch's gradient, (a_1 + b_1) / 2 + (a_2 + b_2) / 2, the
+# single rank sums a_1 + a_2 + b_1 + b_2 in backward order; that rounding (measured: grad norms
+# equal to 3e-8 relative) passes through Adam's m / sqrt(v), which on a first step is about
+# lr x sign(g), to the weights: measured max |difference| 8.6e-7 at lr 1e-3.
+RTOL, ATOL = 1e-5, 1e-6
+
+
+def max_abs_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert sorted(a) == sorted(b)
+    return max(float((a[k].double() - b[k].double()).abs().max()) for k in a)
+
+
+def bit_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    return sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_two_sharded_ranks_match_one_rank_keep_parity_exact_offload_and_resume_bit_exact(tmp_path):
+    from miles.backends.actor import TrainRank
+
+    args1, plan1 = tiny_args(tmp_path / "single", OFFLOAD)
+    batch0 = one_rollout(args1, 0, engine_for(args1))
+    torch.save(batch0, tmp_path / "batch0.pt")
+    mp.start_processes(_run_rank, args=(free_ports(1)[0], str(tmp_path), OFFLOAD, str(tmp_path / "batch0.pt")),
+                       nprocs=2, join=True, start_method="spawn")
+    result = torch.load(tmp_path / "result.pt", weights_only=False)
+
+    single = TrainRank(args1, plan1, 0, 1)
+    single.setup()
+    single_metrics = single.train(batch0).metrics
+    expected = single.trained_state()
+
+    assert result["param_types"] == ["DTensor"]
+    for key in ("metrics0", "metrics1", "metrics1_resumed"):  # engines sampled on the weights trained
+        assert result[key]["train/model_output_max_abs_diff"] == 0.0, (key, result[key])
+        assert result[key]["train/log_prob_abs_diff"] == 0.0, key
+    diff = max_abs_diff(result["state0"], expected)
+    print(f"2 sharded ranks vs 1 rank: max abs weight difference {diff:.3g}")
+    assert any(not torch.equal(result["state0"][n], result["state1"][n]) for n in expected)
+    for name, tensor in expected.items():
+        torch.testing.assert_close(result["state0"][name], tensor, rtol=RTOL, atol=ATOL, msg=name)
+
+    offload = result["offload"]
+    assert offload["tensors"] > 0 and offload["offloaded_bytes"] == 0 and offload["reloaded_bytes"] > 0
+    assert offload["round_trip_equal"]
+    assert result["engine_offloaded_after_generate"]
+
+    assert result["resumed_step"] == 1
+    assert bit_equal(result["state1_resumed"], result["state1"])
+    assert bit_equal(result["optim1_resumed"], result["optim1"])
+    assert result["metrics1_resumed"]["train/loss"] == result["metrics1"]["train/loss"]
+    assert result["metrics0"]["train/grad_norm"] == pytest.approx(single_metrics["train/grad_norm"], rel=1e-6)
+
+    # the 2-rank checkpoint on 1 rank: DCP reshards it, every saved weight back bit for bit
+    args_one, plan_one = fsdp_args(tmp_path / "one", OFFLOAD, 1)
+    with one_rank_group():
+        one = TrainRank(args_one, plan_one, 0, 1)
+        one.setup()
+        one.load(str(tmp_path / "ckpt"))
+        assert one.optimizer_step == 1
+        assert bit_equal(one.trained_state(), result["state0"])
+
+
+@contextmanager
+def one_rank_group():
+    """A 1-rank fsdp TrainRank makes this process a group of one; leave no group behind."""
+    try:
+        yield
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _run_rank(rank_id, port, run_dir, flags, batch_path):
+    from fsdp_helpers import two_rank_run
+
+    two_rank_run(rank_id, port, run_dir, flags, batch_path)
+
+
+BF16_LORA = "--colocate --compute-dtype bfloat16 --rollout-dtype bfloat16 --param-dtype float32 --use-lora --lora-rank 4"
+
+
+def test_sharded_lora_with_bf16_compute_keeps_parity_exact_without_a_compute_copy(tmp_path):
+    """fp32 master shards all-gathered in bf16: the weights a forward reads are the master rounded
+    to bf16, as the engine holds them after the push, so parity stays exactly 0.0."""
+    from miles.backends.actor import TrainRank
+    from miles.rollout.data import PromptDataset
+
+    args, plan = fsdp_args(tmp_path, BF16_LORA, 1)
+    engine, dataset = engine_for(args), PromptDataset.from_args(args)
+    with one_rank_group():
+        rank = TrainRank(args, plan, 0, 1)
+        rank.setup()
+        engine.apply_lora(rank.lora.rank, rank.lora.alpha, list(rank.lora.target_modules), rank.components)
+        assert rank.fmodel is rank.model and rank.fparams is rank.params  # no second copy of the model
+        assert {(type(p).__name__, p.dtype) for p in rank.params.values()} == {("DTensor", torch.float32)}
+        assert all(".lora_" in n for n in rank.params)
+        start = rank.trained_state()
+        for rollout_id in range(2):  # the second rollout is sampled on the weights the trainer pushed
+            metrics = rank.train(one_rollout(args, rollout_id, engine, dataset)).metrics
+            assert metrics["train/model_output_max_abs_diff"] == 0.0, (rollout_id, metrics)
+            assert metrics["train/log_prob_abs_diff"] == 0.0
+            for update in rank.weight_updates():
+                assert update.lora_only and all(".lora_" in n for n in update.state_dict)
+                assert {t.dtype for t in update.state_dict.values()} == {torch.bfloat16}
+                engine.load_weights(update.component, update.state_dict)
+        end = rank.trained_state()
+    assert any(not torch.equal(start[n], end[n]) for n in start)
+
+
+@pytest.mark.parametrize("flags, message", [
+    ("--offload-train", "--offload-train without --colocate: .* fix: add --colocate or drop --offload-train"),
+    ("--offload-rollout", "--offload-rollout without --colocate"),
+    ("--colocate --offload-train --loss-type sft_loss --train-only --n-samples-per-prompt 1",
+     "--offload-train: this run has no rollout engines .* fix: drop --offload-train"),
+])
+def test_offload_without_a_shared_gpu_is_refused_naming_the_fix(flags, message):
+    from miles.utils.arguments import ConfigError, parse_args
+
+    argv = "--hf-checkpoint /ckpt/sd3 --num-rollout 1 --rm-type brightness --prompt-data p.jsonl"
+    with pytest.raises(ConfigError, match=message):
+        parse_args(f"{argv} {flags}".split())
+    parse_args(f"{argv} --colocate --offload-train --offload-rollout --train-backend fsdp".split())
+
+
+@pytest.mark.parametrize("saved, running", [("dp", "fsdp"), ("fsdp", "dp")])
+def test_a_checkpoint_of_the_other_train_backend_is_refused_naming_the_flag(tmp_path, saved, running):
+    import json
+
+    from miles.backends.fsdp import CheckpointBackendError, check_backend
+
+    (tmp_path / "rank0.json").write_text(json.dumps({"backend": saved, "world_size": 2}))
+    with pytest.raises(CheckpointBackendError, match=f"saved by --train-backend {saved} .* this run uses "
+                                                     f"--train-backend {running}.* fix: resume with --train-backend "
+                                                     f"{saved}"):
+        check_backend(tmp_path, running)
+    assert check_backend(tmp_path, saved)["world_size"] == 2
