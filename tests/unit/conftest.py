@@ -1,6 +1,7 @@
 import os
 import shutil
 import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -29,3 +30,21 @@ def local_ray():
     else:
         os.environ["RAY_AUTH_MODE"] = previous_auth_mode
     shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def shared_assets_root(tmp_path_factory) -> Path:
+    """One directory of tiny assets for the whole test run: xdist workers share it (the ensure_*
+    makers take a file lock), so each checkpoint is built once per run, not once per worker."""
+    base = tmp_path_factory.getbasetemp()
+    return (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "miles-tiny-checkpoints"
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory):
+    """tiny_checkpoint(family="sd3", seed=0): the path of that tiny checkpoint, built on first use."""
+    from miles.models.create_checkpoint import ensure_checkpoint
+    from miles.models.runtime import configure_torch
+
+    configure_torch(num_threads=1)
+    root = shared_assets_root(tmp_path_factory)
+    return lambda family="sd3", seed=0: ensure_checkpoint(family, "tiny", seed, root)

@@ -5,18 +5,15 @@ import torch
 
 from miles.backends.actor import TrainRank
 from miles.backends.sft import SFTBatch, SFTSource, pair_noise
-from miles.models.create_checkpoint import ensure_checkpoint
-from miles.models.runtime import configure_torch
 from miles.rollout.prompts import ensure_sft_dataset
 from miles.utils.arguments import parse_command_line
 from miles.utils.batching import Pair
 
 
 @pytest.fixture(scope="module")
-def assets(tmp_path_factory):
-    configure_torch(num_threads=1)
+def assets(tmp_path_factory, tiny_checkpoint):
     root = tmp_path_factory.mktemp("sft-assets")
-    checkpoint = ensure_checkpoint("sd3", "tiny", 0, root)
+    checkpoint = tiny_checkpoint("sd3")
     data = ensure_sft_dataset(root / "sft.jsonl", "sd3", 4, 32, 32, 1)
     return checkpoint, data
 

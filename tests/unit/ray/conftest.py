@@ -13,12 +13,11 @@ TINY_FLAGS = (
 
 
 @pytest.fixture(scope="session")
-def tiny_assets(tmp_path_factory):
-    from miles.models.create_checkpoint import ensure_checkpoint
+def tiny_assets(tmp_path_factory, tiny_checkpoint):
     from miles.rollout.prompts import ensure_prompt_file
 
     root = tmp_path_factory.mktemp("assets")
-    checkpoint = ensure_checkpoint("sd3", "tiny", 0, root)
+    checkpoint = tiny_checkpoint("sd3")
     prompts = ensure_prompt_file("tiny", root / "prompts.jsonl", num_prompts=16)
     return checkpoint, prompts
 

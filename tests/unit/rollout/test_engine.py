@@ -1,10 +1,8 @@
-import os
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from miles.models.create_checkpoint import ensure_checkpoint
 from miles.rollout.engine import RolloutEngine, create_engine_actor, engine_actor_options
 from miles.rollout.types import SampleRequest, SamplingParams
 
@@ -12,10 +10,8 @@ PARAMS = SamplingParams(num_steps=3, height=32, width=32)
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    base = tmp_path_factory.getbasetemp()
-    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "miles-tiny-checkpoints"
-    return lambda family="sd3", seed=0: ensure_checkpoint(family, "tiny", seed, root)
+def checkpoint(tiny_checkpoint):
+    return tiny_checkpoint
 
 
 def _requests(n=2):

@@ -1,11 +1,8 @@
-import os
 
 import pytest
 import torch
 
-from miles.models.create_checkpoint import ensure_checkpoint
 from miles.models.loader import load_model
-from miles.models.runtime import configure_torch
 from miles.rollout import sampler
 from miles.rollout.sde import largest_sigma_below_one, sde_step
 from miles.rollout.types import SampleRequest, SamplingParams
@@ -15,15 +12,12 @@ PARAMS = dict(num_steps=4, height=32, width=32, guidance_scale=4.0, guidance_sca
 
 
 @pytest.fixture(scope="module")
-def model_of(tmp_path_factory):
-    configure_torch(num_threads=1)
-    base = tmp_path_factory.getbasetemp()
-    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "miles-tiny-checkpoints"
+def model_of(tiny_checkpoint):
     cache = {}
 
     def get(family):
         if family not in cache:
-            cache[family] = load_model(ensure_checkpoint(family, "tiny", 0, root))
+            cache[family] = load_model(tiny_checkpoint(family))
         return cache[family]
 
     return get

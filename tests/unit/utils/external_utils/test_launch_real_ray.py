@@ -1,5 +1,6 @@
 """The launcher against real Ray clusters on this host: few tests, each with its own ports and dirs."""
 
+import json
 import os
 import signal
 import subprocess
@@ -21,7 +22,6 @@ TINY_TRAIN = textwrap.dedent("""
     import os, sys
     print("TINY TRAIN argv:", " ".join(sys.argv[1:]))
     print("wandb key reached the job:", bool(os.environ.get("WANDB_API_KEY")))
-    sys.exit(int(os.environ.get("TINY_EXIT_CODE", "0")))
 """)
 
 
@@ -63,14 +63,38 @@ def _wait_until(predicate, timeout, what):
         time.sleep(0.5)
 
 
+SWEEP_SECRETS = {  # name -> value; names the launcher's one rule calls secret, plus one given by --secret-env
+    "WANDB_API_KEY": SECRET, "HF_TOKEN": "hf-token-value-9z8y7x", "AWS_SECRET_ACCESS_KEY": "aws-secret-value-5k4j3h",
+    "GITHUB_PAT": "ghp-pat-value-2q1w0e", "DB_PASSWORD_2": "db-password-value-7u6i5o",
+    "CUSTOM_DSN": "postgres://u:dsn-value-3r4t5y@db/x",
+}
+SECRET_COUNT_TRAIN = textwrap.dedent("""
+    import os, sys
+    print("TINY TRAIN argv:", " ".join(sys.argv[1:]))
+    names = sys.argv[sys.argv.index("--secret-names") + 1].split(",")
+    print("secrets reached the job:", sum(bool(os.environ.get(n)) for n in names), flush=True)
+    sys.exit(3)  # a failed job keeps Ray's temp dir (its logs), so every file Ray wrote can be scanned
+""")
+
+
 @pytest.mark.timeout(420)
-def test_train_role_waits_for_a_worker_node_and_a_failed_job_exits_non_zero(tmp_path, train_script):
+def test_train_role_waits_for_a_worker_node_a_failed_job_exits_non_zero_and_no_secret_is_in_any_file(tmp_path):
+    """Also issue 11's one secret rule: secrets from the shell, --extra-env-vars and --secret-env reach
+    the job, and no file Ray or the launcher wrote (Ray's session logs, runtime-env agent logs, the
+    plan, job.log, launcher.log) holds any of their values. The job fails on purpose: a failed job
+    keeps Ray's temp dir, so every file Ray wrote can be scanned."""
+    script = tmp_path / "count_secrets.py"
+    script.write_text(SECRET_COUNT_TRAIN)
+    from_shell = ("WANDB_API_KEY", "HF_TOKEN")
+    extra = " ".join(f"{k}={v}" for k, v in SWEEP_SECRETS.items() if k not in from_shell)
     head_port = free_ports(1)[0]
     out, worker_out = tmp_path / "out", tmp_path / "worker"
     train_log, worker_log = tmp_path / "train.log", tmp_path / "worker.log"
     train = _start(["train", "--output-dir", str(out), "--run-id", "r1", "--num-nodes", "2",
-                    "--ray-head-port", str(head_port), "--train-script", str(train_script),
-                    "--extra-env-vars", "TINY_EXIT_CODE=3"], train_log, WANDB_API_KEY=SECRET)
+                    "--ray-head-port", str(head_port), "--train-script", str(script),
+                    "--extra-env-vars", extra, "--secret-env", "CUSTOM_DSN",
+                    "--extra-args", f"--secret-names {','.join(SWEEP_SECRETS)}"],
+                   train_log, **{k: SWEEP_SECRETS[k] for k in from_shell})
     procs = [train]
     try:
         _wait_until(lambda: tcp_reachable("127.0.0.1", head_port), 120, "head never came up")
@@ -83,14 +107,20 @@ def test_train_role_waits_for_a_worker_node_and_a_failed_job_exits_non_zero(tmp_
         assert train.wait(timeout=300) == 3, train_log.read_text()[-3000:]
         head_temp_dir = Path(LaunchRecord.load(out, HEAD_ROLE).ray_temp_dir)
         assert head_temp_dir.is_dir()  # kept after a failure: Ray's logs
-        # ... and they hold no secret (Ray's runtime-env agent logs runtime envs, values included)
-        ray_files = [p for p in head_temp_dir.rglob("*") if p.is_file() and not p.is_symlink()]
-        assert ray_files and not [p for p in ray_files if SECRET.encode() in p.read_bytes()]
+        assert head_temp_dir == Path(json.loads((out / "r1" / "plan.json").read_text())["ray"]["temp_dir"])
         log = train_log.read_text()
         submitted_at = log.index("EXEC: ray job submit")
         assert log.index("cluster ready: ClusterResources(num_nodes=2") < submitted_at
         assert log.index("before submit: job server http://127.0.0.1:") < submitted_at
-        assert "TINY TRAIN argv: --run-dir" in log and "FAILED" in log and SECRET not in log
+        assert "TINY TRAIN argv: --run-dir" in log and "FAILED" in log
+        assert f"secrets reached the job: {len(SWEEP_SECRETS)}" in log
+        # ... and no file holds a secret (Ray's runtime-env agent logs runtime envs, values included)
+        ray_files = [p for p in head_temp_dir.rglob("*") if p.is_file() and not p.is_symlink()]
+        out_files = [p for p in out.rglob("*") if p.is_file() and not p.is_symlink()]
+        assert any("session_" in str(p) for p in ray_files) and (out / "r1" / "job.log").is_file()
+        leaks = [(name, str(p)) for p in [*ray_files, *out_files, train_log] for name, value in SWEEP_SECRETS.items()
+                 if value.encode() in p.read_bytes()]
+        assert leaks == []
 
         # the head is gone with the train role; the worker notices and leaves on its own
         assert worker.wait(timeout=90) == 0, worker_log.read_text()[-3000:]
@@ -160,47 +190,3 @@ def test_external_ray_only_submits_and_leaves_the_cluster_running(tmp_path, trai
     finally:
         stop_node(record)
         end_recorded_run(tmp_path / "cluster", "external-head")  # its temp dir
-
-
-SWEEP_SECRETS = {  # name -> value; names the launcher's one rule calls secret, plus one given by --secret-env
-    "WANDB_API_KEY": SECRET, "HF_TOKEN": "hf-token-value-9z8y7x", "AWS_SECRET_ACCESS_KEY": "aws-secret-value-5k4j3h",
-    "GITHUB_PAT": "ghp-pat-value-2q1w0e", "DB_PASSWORD_2": "db-password-value-7u6i5o",
-    "CUSTOM_DSN": "postgres://u:dsn-value-3r4t5y@db/x",
-}
-SECRET_COUNT_TRAIN = textwrap.dedent("""
-    import os, sys
-    names = sys.argv[sys.argv.index("--secret-names") + 1].split(",")
-    print("secrets reached the job:", sum(bool(os.environ.get(n)) for n in names), flush=True)
-    sys.exit(3)  # a failed job keeps Ray's temp dir (its logs), so every file Ray wrote can be scanned
-""")
-
-
-@pytest.mark.timeout(300)
-def test_no_secret_value_is_in_any_file_of_the_ray_temp_dir_or_the_output_dir(tmp_path):
-    """Issue 11: one secret rule. Secrets from the shell, --extra-env-vars and --secret-env reach the
-    job, and no file Ray or the launcher wrote (Ray's session logs, runtime-env agent logs, the plan,
-    job.log, launcher.log) holds any of their values."""
-    script = tmp_path / "count_secrets.py"
-    script.write_text(SECRET_COUNT_TRAIN)
-    out, log_path = tmp_path / "out", tmp_path / "train.log"
-    from_shell = ("WANDB_API_KEY", "HF_TOKEN")
-    extra = " ".join(f"{k}={v}" for k, v in SWEEP_SECRETS.items() if k not in from_shell)
-    train = _start(["train", "--output-dir", str(out), "--run-id", "r5", "--train-script", str(script),
-                    "--extra-env-vars", extra, "--secret-env", "CUSTOM_DSN",
-                    "--extra-args", f"--secret-names {','.join(SWEEP_SECRETS)}"],
-                   log_path, **{k: SWEEP_SECRETS[k] for k in from_shell})
-    try:
-        assert train.wait(timeout=240) == 3, log_path.read_text()[-3000:]
-        log = log_path.read_text()
-        assert f"secrets reached the job: {len(SWEEP_SECRETS)}" in log
-        import json
-
-        ray_temp_dir = Path(json.loads((out / "r5" / "plan.json").read_text())["ray"]["temp_dir"])
-        ray_files = [p for p in ray_temp_dir.rglob("*") if p.is_file() and not p.is_symlink()]
-        out_files = [p for p in out.rglob("*") if p.is_file() and not p.is_symlink()]
-        assert any("session_" in str(p) for p in ray_files) and (out / "r5" / "job.log").is_file()
-        leaks = [(name, str(p)) for p in [*ray_files, *out_files, log_path] for name, value in SWEEP_SECRETS.items()
-                 if value.encode() in p.read_bytes()]
-        assert leaks == []
-    finally:
-        _end_everything([train], [(out, HEAD_ROLE)])
