@@ -36,4 +36,5 @@ def tiny_argv(tiny_assets):
     def build(run_dir, extra: str = "") -> list[str]:
         return f"--hf-checkpoint {checkpoint} --prompt-data {prompts} --run-dir {run_dir} {TINY_FLAGS} {extra}".split()
 
+    build.checkpoint = checkpoint
     return build
