@@ -421,7 +421,7 @@ class TrainRank:
         (the compute dtype is the rollout dtype), so engines receive weights in --rollout-dtype.
         fsdp: gathered one parameter at a time and cast to the compute dtype; every rank must call it."""
         lora_only = self.lora is not None
-        with resident(self.offload, optimizer=False):
+        with resident(self.offload, optimizer=False, synced_only=True):
             if not self.sharded:
                 return collect_weight_updates(self.fmodel.transformers, self.components, lora_only=lora_only)
             dtype = torch_dtype(self.args.compute_dtype)

@@ -35,7 +35,7 @@ class TrainActor(TrainRank):
         return synced_tensors(self.fmodel.transformers, self.components, lora_only=self.lora is not None)
 
     def weight_bucket_plan(self, buffer_bytes: int) -> BucketPlan:
-        with resident(self.offload, optimizer=False):  # --offload-train: the plan reads shapes and dtypes
+        with resident(self.offload, optimizer=False, synced_only=True):  # the plan reads shapes and dtypes
             return plan_buckets(self._synced_tensors(), torch_dtype(self.args.rollout_dtype), buffer_bytes)
 
     def join_weight_sync(self, address: SyncGroupAddress, plan: BucketPlan) -> None:
@@ -45,7 +45,7 @@ class TrainActor(TrainRank):
     def send_weights(self) -> int:
         """Rank 0 packs and broadcasts; the others only take part in gathering sharded tensors.
         Returns the most staging bytes this rank held at once."""
-        with resident(self.offload, optimizer=False):  # --offload-train: the weights, not the optimizer state
+        with resident(self.offload, optimizer=False, synced_only=True):  # --offload-train
             tensors = {(c, n): t for c, n, t in self._synced_tensors()}
             if self.weight_sender is not None:
                 return self.weight_sender.send(tensors).peak

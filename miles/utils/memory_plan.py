@@ -39,8 +39,9 @@ offload (--offload-train / --offload-rollout, --colocate only): a train GPU's pe
   of its phases instead of the sum of its roles (a side that does not compute in a phase holds
   no activations in it). training: the rank + the engine without its pipeline weights
   (--offload-rollout); rollout: the engine + the rank without its models and optimizer state
-  (--offload-train); weight sync: the engine + the rank without its optimizer state
-  (--offload-train). One flag alone leaves a phase with both sides' weights resident.
+  (--offload-train); weight sync: the engine without activations + (--offload-train) only the
+  tensors the update reads (trained tensors or LoRA adapters, sharded / N) + one bucket on each
+  side with bucketed sync. One flag alone leaves a phase with both sides' weights resident.
 engine (one per rollout GPU): every component of the pipeline (transformers, text encoders,
   VAE) in r, plus one forward's block activations (no graph), plus the VAE decoder's peak
   (VAE_DECODE_MAPS feature maps of VAE_DECODE_CHANNELS channels at pixel resolution over one
@@ -126,6 +127,7 @@ class RoleEstimate:
     models: float = 0.0
     optimizer_state: float = 0.0
     activations: float = 0.0
+    synced: float = 0.0  # train rank: what a weight update reads (trained tensors or LoRA adapters)
 
     @property
     def total(self) -> float:
@@ -330,7 +332,7 @@ def _train_rank(ns: Namespace, plan, facts: ModelFacts, geo: Geometry) -> tuple[
     act_term, act_bytes = _activations(ns, plan, facts, geo, trained, c)
     terms += [act_term, ("CUDA context and workspaces", CUDA_CONTEXT_GIB * GIB)]
     role = RoleEstimate("train rank", terms, models=models, optimizer_state=optimizer_state,
-                        activations=act_bytes + grads)
+                        activations=act_bytes + grads, synced=t_params * (c if copy else p))
     return role, _train_knobs(ns, plan, trained, copy)
 
 
@@ -372,7 +374,7 @@ def _sharded_train_rank(ns: Namespace, plan, facts: ModelFacts, geo: Geometry) -
     act_term, act_bytes = _activations(ns, plan, facts, geo, trained, c)
     terms += [act_term, ("CUDA context and workspaces", CUDA_CONTEXT_GIB * GIB)]
     role = RoleEstimate("train rank", terms, models=models, optimizer_state=optimizer_state,
-                        activations=act_bytes + transient)
+                        activations=act_bytes + transient, synced=t_params * p / n)
     return role, _train_knobs(ns, plan, trained, copy=False)
 
 
@@ -535,10 +537,20 @@ def offload_phases(ns: Namespace, train: RoleEstimate, engine: RoleEstimate) -> 
     phases = {"training": train.total + engine.total - engine.activations - (engine.models if offload_rollout else 0.0),
               "rollout": engine.total + train.total - train.activations - (
                   train.models + train.optimizer_state if offload_train else 0.0)}
-    # the engine receives the weights: the rank holds its models, not its optimizer state
-    phases["weight sync"] = engine.total + train.total - train.activations - (
-        train.optimizer_state if offload_train else 0.0)
+    # nobody computes; the rank holds (offloaded: brings back) only what the update reads, and
+    # bucketed sync one bucket on each side
+    rank = train.synced + CUDA_CONTEXT_GIB * GIB if offload_train else train.total - train.activations
+    phases["weight sync"] = engine.total - engine.activations + rank + sync_buckets(ns)
     return phases
+
+
+def sync_buckets(ns: Namespace) -> float:
+    """Bucketed weight sync stages one bucket on the sender and one on the receiver."""
+    from miles.utils.validation import DEFAULT_UPDATE_WEIGHT_BUFFER_SIZE
+
+    if getattr(ns, "weight_sync", "bucketed") != "bucketed":
+        return 0.0
+    return 2.0 * (getattr(ns, "update_weight_buffer_size", None) or DEFAULT_UPDATE_WEIGHT_BUFFER_SIZE)
 
 
 def plan_and_check(ns: Namespace, plan) -> MemoryPlan:

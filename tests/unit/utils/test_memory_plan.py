@@ -139,6 +139,25 @@ def test_offload_makes_the_peak_the_largest_phase_not_the_sum_of_the_roles():
     assert both.total < only_train.total
 
 
+def test_the_weight_sync_phase_holds_the_engine_what_the_update_reads_and_one_bucket_on_each_side():
+    offloaded = [*WAN, "--train-backend", "fsdp", "--offload-train", "--offload-rollout"]
+    full, lora = memory(offloaded).gpus[0], memory([*offloaded, "--use-lora"]).gpus[0]
+    mib = 256
+    small = memory([*offloaded, "--update-weight-buffer-size", str(mib * 1024 ** 2)]).gpus[0]
+    store = memory([*offloaded, "--weight-sync", "object-store"]).gpus[0]
+    engine = full.roles[1]
+    # the sharded trained transformer (bf16, 1/4 of ~14.3 B params) comes back, nothing else of the rank
+    shard = 14.29e9 * 2 / 4
+    assert full.phases["weight sync"] - store.phases["weight sync"] == pytest.approx(2 * 512 * 1024 ** 2)
+    assert store.phases["weight sync"] == pytest.approx(engine.total - engine.activations + shard + GIB, rel=0.01)
+    assert full.phases["weight sync"] - small.phases["weight sync"] == pytest.approx(2 * (512 - mib) * 1024 ** 2)
+    # LoRA: only the adapters, far less than the shard
+    assert lora.phases["weight sync"] < full.phases["weight sync"] - shard / 2
+    # without --offload-train the rank's models stay whole through the sync
+    kept = memory([*WAN, "--train-backend", "fsdp", "--offload-rollout"]).gpus[0]
+    assert kept.phases["weight sync"] > full.phases["weight sync"] + full.roles[0].models - shard - GIB
+
+
 def test_parameters_come_from_safetensors_headers_without_reading_weights(tmp_path):
     torch = pytest.importorskip("torch")
     from safetensors.torch import save_file
