@@ -18,7 +18,7 @@ W = "tests/unit/backends/test_flag_wiring.py"
 DT = "tests/unit/backends/test_compute_dtype.py"
 L = "tests/unit/backends/test_loss.py"
 O = "tests/unit/backends/test_optimizer_ema.py"
-M = "tests/unit/backends/test_metrics.py"
+M = "tests/unit/utils/test_run_logging.py"
 SFT = "tests/unit/backends/test_sft_train.py"
 STEP = "tests/unit/rollout/test_step_strategy.py"
 SAMPLER = "tests/unit/rollout/test_sampler.py"
@@ -157,7 +157,7 @@ FLAG_TESTS = {
     "--wandb-run-name": f"{M}::test_wandb_offline_mirrors_the_metrics",
     "--wandb-mode": f"{M}::test_wandb_offline_mirrors_the_metrics",
     "--wandb-dir": f"{M}::test_wandb_offline_mirrors_the_metrics",
-    "--wandb-required": "tests/unit/backends/test_wandb_conventions.py::"
+    "--wandb-required": "tests/unit/utils/test_wandb_conventions.py::"
                         "test_a_wandb_that_cannot_start_is_one_warning_and_the_run_goes_on",
     # config
     "--custom-config-path": f"{A}::test_config_file_overrides_the_command_line_key_by_key",
