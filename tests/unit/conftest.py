@@ -4,6 +4,9 @@ import tempfile
 
 import pytest
 
+from miles.models.runtime import configure_torch
+from miles.proxy_assets.checkpoint import ensure_checkpoint
+
 
 @pytest.fixture(scope="session")
 def local_ray():
@@ -29,3 +32,12 @@ def local_ray():
     else:
         os.environ["RAY_AUTH_MODE"] = previous_auth_mode
     shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory):
+    """family -> path of its tiny seed-0 checkpoint, built once (shared by xdist workers)."""
+    configure_torch(num_threads=1)
+    base = tmp_path_factory.getbasetemp()
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "miles-tiny-checkpoints"
+    return lambda family: ensure_checkpoint(family, "tiny", 0, root)

@@ -14,8 +14,8 @@ TINY_FLAGS = (
 
 @pytest.fixture(scope="session")
 def tiny_assets(tmp_path_factory):
-    from miles.models.create_checkpoint import ensure_checkpoint
-    from miles.rollout.prompts import ensure_prompt_file
+    from miles.proxy_assets.checkpoint import ensure_checkpoint
+    from miles.proxy_assets.prompts import ensure_prompt_file
 
     root = tmp_path_factory.mktemp("assets")
     checkpoint = ensure_checkpoint("sd3", "tiny", 0, root)

@@ -4,7 +4,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from miles.models.create_checkpoint import ensure_checkpoint
+from miles.proxy_assets.checkpoint import ensure_checkpoint
 from miles.rollout.engine import RolloutEngine, create_engine_actor, engine_actor_options
 from miles.rollout.types import SampleRequest, SamplingParams
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 from PIL import Image
 
-from miles.models.create_checkpoint import ensure_checkpoint
+from miles.proxy_assets.checkpoint import ensure_checkpoint
 from miles.models.runtime import configure_torch
 from miles.rollout.sample import image_grid, main
 from miles.utils.families import FAMILY_NAMES

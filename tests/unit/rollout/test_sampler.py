@@ -3,7 +3,7 @@ import os
 import pytest
 import torch
 
-from miles.models.create_checkpoint import ensure_checkpoint
+from miles.proxy_assets.checkpoint import ensure_checkpoint
 from miles.models.loader import load_model
 from miles.models.runtime import configure_torch
 from miles.rollout import sampler
