@@ -1,22 +1,15 @@
-import os
-
 import numpy as np
 import pytest
 import torch
 from PIL import Image
 
-from miles.proxy_assets.checkpoint import ensure_checkpoint
-from miles.models.runtime import configure_torch
 from miles.rollout.sample import image_grid, main
 from miles.utils.families import FAMILY_NAMES
 
 
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    configure_torch(num_threads=1)
-    base = tmp_path_factory.getbasetemp()
-    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "miles-tiny-checkpoints"
-    return lambda family: ensure_checkpoint(family, "tiny", 0, root)
+@pytest.fixture
+def checkpoint(tiny_checkpoint):
+    return tiny_checkpoint
 
 
 def _sample(path, out, seed, *extra):
