@@ -84,7 +84,7 @@ def train(args: Namespace, plan: BatchPlan) -> int:
 
     from miles.backends import checkpoint as ckpt
     from miles.ray import faults
-    from miles.backends.metrics import MetricsLogger, Progress, init_wandb, log, plot_curves, save_image_grid, write_run_json
+    from miles.utils.run_logging import MetricsLogger, Progress, init_wandb, log, plot_curves, save_image_grid, write_run_json
     from miles.backends.sft import SFTSource
     from miles.ray.placement import create_placement_group, plan_placement
     from miles.ray.rollout_manager import RolloutManager

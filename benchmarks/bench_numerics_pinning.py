@@ -43,8 +43,8 @@ def child(mode: str, workdir: Path) -> None:
     import torch
 
     from bench_trainer import PlainLoop, make_batch
-    from miles.models.create_checkpoint import ensure_checkpoint
-    from miles.rollout.prompts import ensure_prompt_file
+    from miles.proxy_assets.checkpoint import ensure_checkpoint
+    from miles.proxy_assets.prompts import ensure_prompt_file
     from miles.utils.arguments import parse_and_plan
 
     checkpoint = ensure_checkpoint("sd3", "tiny", 0, workdir)

@@ -26,7 +26,7 @@ FLAGS = ("--rollout-batch-size 4 --n-samples-per-prompt 8 --diffusion-height 64 
 
 
 def make_batch(args):
-    from miles.backends.actor import CPU_THREADS_PER_ACTOR
+    from miles.models.runtime import CPU_THREADS_PER_ACTOR
     from miles.backends.loss import compute_advantages
     from miles.backends.types import RolloutBatch
     from miles.ray.rollout_manager import sample_seed, without_images
@@ -95,12 +95,12 @@ def main() -> None:
 
     import ray
 
-    from miles.backends.actor import CPU_THREADS_PER_ACTOR
-    from miles.models.create_checkpoint import ensure_checkpoint
+    from miles.models.runtime import CPU_THREADS_PER_ACTOR
+    from miles.proxy_assets.checkpoint import ensure_checkpoint
     from miles.models.runtime import configure_torch
     from miles.ray.placement import PlacementPlan, Slot, create_placement_group
     from miles.ray.train_actor_group import TrainActorGroup
-    from miles.rollout.prompts import ensure_prompt_file
+    from miles.proxy_assets.prompts import ensure_prompt_file
     from miles.utils.arguments import parse_and_plan
 
     work = Path(opts.workdir or tempfile.mkdtemp(prefix="bench_trainer_"))

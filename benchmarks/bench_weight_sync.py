@@ -2,7 +2,7 @@
 
     python3 benchmarks/bench_weight_sync.py [--blocks 2] [--buffer-mib 64] [--rounds 2]
 
-The model is our sd3 `proxy` transformer (the checkpoint `miles.models.create_checkpoint --size
+The model is our sd3 `proxy` transformer (the checkpoint `miles.proxy_assets.checkpoint --size
 proxy` writes, built here from the same spec and seed, nothing downloaded) cut to `--blocks`
 transformer blocks so it fits a shared CPU box (2 blocks: ~180 M parameters, ~0.7 GB in fp32).
 One Ray actor plays train rank 0, one the engine, both on this machine's own private Ray cluster.
@@ -65,7 +65,7 @@ def measured(fn):
 
 
 def build_transformer(blocks: int, seed: int):
-    from miles.models.create_checkpoint import build_component
+    from miles.proxy_assets.checkpoint import build_component
     from miles.models.registry import get_family
 
     spec = get_family("sd3").module.components("proxy")[COMPONENT]

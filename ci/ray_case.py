@@ -8,7 +8,7 @@ task runs the case's command in its own process group, streams its output to the
 returns a `CaseRecord` with the exit code and the files the case wrote on the node (its JUnit
 file and the harness's result record), since the node's disk is not the runner's.
 
-This module runs inside Ray workers: the standard library and Ray only.
+This module runs inside Ray workers: the standard library, Ray and ci/process_group.py only.
 """
 
 from __future__ import annotations
@@ -27,9 +27,10 @@ from pathlib import Path
 
 import ray
 
+from ci.process_group import end_group
+
 PYTHON = "{python}"  # as in ci.cases, resolved here to this node's interpreter
 LOG_FLUSH_S = 0.5
-KILL_GRACE = 15.0
 _PR_SET_PDEATHSIG = 1
 
 
@@ -136,18 +137,6 @@ def _die_with_parent() -> None:
         pass
 
 
-def _end_group(proc: subprocess.Popen) -> None:
-    for sig, wait in ((signal.SIGTERM, KILL_GRACE), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(proc.pid, sig)
-            proc.wait(timeout=wait)
-            return
-        except ProcessLookupError:
-            return
-        except subprocess.TimeoutExpired:
-            continue
-
-
 class _Pump(threading.Thread):
     """Reads the case's output as it comes; `take` hands over what arrived since last time."""
 
@@ -186,7 +175,7 @@ def _stream(proc: subprocess.Popen, sink, log_name: str, deadline: float) -> boo
     while proc.poll() is None:
         if time.monotonic() > end_by:
             timed_out = True
-            _end_group(proc)
+            end_group(proc)
             break
         try:
             proc.wait(timeout=LOG_FLUSH_S)  # returns as soon as the case ends

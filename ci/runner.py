@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import queue
 import re
-import signal
 import subprocess
 import sys
 import threading
@@ -21,6 +20,7 @@ from typing import Callable, Sequence
 
 from ci.cases import PYTHON, Case
 from ci.history import History, ThresholdRegistry, measurement_from_result
+from ci.process_group import end_group
 from ci.results import CaseResult, read_harness_result, settle_outcome, tail
 from ci.scheduler import Dispatcher, Plan
 
@@ -29,7 +29,6 @@ from ci.scheduler import Dispatcher, Plan
 OUTER_TIMEOUT_GRACE = 300.0
 # GPUs a finished case held can take a moment to show as free to the harness's lease
 DEFAULT_GPU_WAIT = 120.0
-KILL_GRACE = 15.0
 
 
 @dataclass
@@ -123,34 +122,6 @@ class _Launched:
         self.case, self.result, self.proc, self.junit = case, result, proc, junit
         self.started = time.monotonic()
         self.timed_out = False
-
-
-def end_group(proc: subprocess.Popen) -> None:
-    """Ends the case's whole process group: the harness may have started Ray and more. Returns
-    once the group is empty (not just its leader: on a loaded machine a signalled child can take
-    a while to die), escalating to SIGKILL after the grace period."""
-    for sig, wait in ((signal.SIGTERM, KILL_GRACE), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        deadline = time.monotonic() + wait
-        while time.monotonic() < deadline:
-            proc.poll()  # reap the leader, so only live members keep the group
-            if not _group_alive(proc.pid):
-                return
-            time.sleep(0.05)
-
-
-def _group_alive(pgid: int) -> bool:
-    # while any member lives the kernel keeps the group id, so it cannot name a stranger's group
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class SuiteRunner:

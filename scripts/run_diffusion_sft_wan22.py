@@ -97,7 +97,7 @@ def prepare(args: ScriptArgs) -> U.Assets:
     size = f"{scale.height}x{scale.width}x{scale.frames}"
     sft_data = args.sft_data or str(Path(args.data_dir) / f"sft_{FAMILY}_{size}_{scale.num_items}.jsonl")
     if not args.sft_data and not U.is_dry_run():
-        from miles.rollout.prompts import ensure_sft_dataset
+        from miles.proxy_assets.prompts import ensure_sft_dataset
 
         sft_data = str(ensure_sft_dataset(
             sft_data, FAMILY, scale.num_items, scale.height, scale.width, scale.frames, seed=0

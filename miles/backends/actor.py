@@ -60,10 +60,6 @@ from miles.utils.batch_rules import ConfigError, high_noise_step_count
 from miles.utils.batching import Pair, expand_pairs, rank_schedule, shard_pairs
 from miles.utils.ports import free_ports
 
-# CPU kernels may split reductions by thread count, so engines and ranks must use the same one
-CPU_THREADS_PER_ACTOR = 1
-
-
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
@@ -93,10 +89,10 @@ class TrainRank:
 
     def setup(self, master_addr: str | None = None, master_port: int | None = None) -> None:
         from miles.models.loader import load_model
-        from miles.models.runtime import configure_torch
+        from miles.models.runtime import actor_threads, configure_torch
 
         args = self.args
-        configure_torch(args.deterministic_mode, CPU_THREADS_PER_ACTOR if self.device.type == "cpu" else None)
+        configure_torch(args.deterministic_mode, actor_threads(self.device.type))
         seed_everything(args.seed)  # the same on every rank: LoRA adapters start identical
         self.comm = Collectives(self.device, self.world_size)
         self.comm.init_process_group(self.rank, master_addr, master_port, always=self.sharded)

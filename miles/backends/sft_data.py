@@ -1,7 +1,7 @@
 """The SFT dataset: `{"prompt", "media", "height", "width", "frames"}` JSONL lines, read as pixels.
 
 `media` is a PNG path relative to the JSONL's folder (or absolute); a video is a frame strip,
-frame f at columns `f*width..(f+1)*width` (what `miles.rollout.prompts.ensure_sft_dataset`
+frame f at columns `f*width..(f+1)*width` (what `miles.proxy_assets.prompts.ensure_sft_dataset`
 writes). The driver walks the items in an order fixed by the seed (`SFTDataset`, with a
 `state_dict` like `PromptDataset`'s so a resumed run draws what it would have drawn); a train
 rank turns only its own items into pixel tensors (`load_pixels`).

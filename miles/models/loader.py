@@ -8,7 +8,6 @@ lets the trainer's recomputation match the engine's rollout bit for bit.
 
 from __future__ import annotations
 
-import importlib
 import json
 import logging
 from pathlib import Path
@@ -20,6 +19,7 @@ from safetensors import safe_open
 from miles.models.runtime import quiet_libraries
 from miles.models.registry import FamilySpec, detect_family, get_family
 from miles.models.conditioning import Conditioning
+from miles.utils.dotted_path import DottedPathError, load_callable
 from miles.utils.families import get_family_facts
 from miles.utils.schedule import (
     calculate_shift, edm_flow_sigmas, expert_index_for_step, flow_match_config, flow_match_sigmas,
@@ -55,9 +55,9 @@ def _check_shapes(name: str, folder: Path, module: torch.nn.Module) -> None:
 
 def _load_component(name: str, library: str, class_name: str, folder: Path, dtype: torch.dtype):
     try:
-        cls = getattr(importlib.import_module(library), class_name)
-    except (ImportError, AttributeError) as e:
-        raise CheckpointError(f"component {name!r}: cannot import {library}.{class_name}: {e}") from e
+        cls = load_callable(f"{library}:{class_name}", f"component {name!r}: class")
+    except DottedPathError as e:
+        raise CheckpointError(str(e)) from e
     kwargs = {}
     if issubclass(cls, torch.nn.Module):
         # load straight into the wanted dtype; diffusers and transformers name the argument differently

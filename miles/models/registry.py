@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import importlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from miles.models.families.base import FamilyModule
 from miles.utils.families import FAMILY_NAMES, UnknownFamilyError, get_family_facts, match_family
+from miles.utils.dotted_path import load_callable
 
 
 @dataclass(frozen=True)
@@ -36,8 +36,7 @@ _MODULES = {
 
 
 def family_module(name: str) -> FamilyModule:
-    module_path, cls = _MODULES[name].split(":")
-    return getattr(importlib.import_module(module_path), cls)()
+    return load_callable(_MODULES[name], "model family")()
 
 
 def get_family(name: str) -> FamilySpec:

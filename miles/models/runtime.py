@@ -6,6 +6,14 @@ import os
 
 import torch
 
+# CPU kernels may split reductions by thread count, so engines and train ranks must use the same one
+CPU_THREADS_PER_ACTOR = 1
+
+
+def actor_threads(device: str) -> int | None:
+    """Torch threads of an engine or train rank on `device`; None leaves torch's own choice."""
+    return CPU_THREADS_PER_ACTOR if device == "cpu" else None
+
 
 def configure_torch(deterministic: bool = False, num_threads: int | None = None) -> None:
     """Call once per process before any model runs.

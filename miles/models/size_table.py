@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from miles.utils.dotted_path import load_callable
 from miles.utils.model_table import OWN_SIZES, RELEASED, TABLE_PATH, _c, own_key
 
 
@@ -31,18 +32,15 @@ def _own_specs() -> dict[str, dict[str, Any]]:
 
 
 def _count(component: dict[str, Any]) -> dict[str, Any]:
-    import importlib
-
     import torch
 
+    cls = load_callable(f"{component['library']}:{component['class']}", "component class")
     with torch.device("meta"):
         if component["library"] == "diffusers":
-            cls = getattr(importlib.import_module("diffusers"), component["class"])
             module = cls.from_config(component["config"])
         else:
-            lib = importlib.import_module("transformers")
-            config = getattr(lib, component["config_class"])(**component["config"])
-            module = getattr(lib, component["class"])(config)
+            config = load_callable(f"transformers:{component['config_class']}", "component config class")
+            module = cls(config(**component["config"]))
     entry: dict[str, Any] = {"class": component["class"], "params": int(sum(p.numel() for p in module.parameters()))}
     blocks = getattr(module, "transformer_blocks", None) or getattr(module, "blocks", None)
     if blocks is not None and "Transformer" in component["class"]:

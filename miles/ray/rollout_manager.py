@@ -13,10 +13,10 @@ import zlib
 
 import torch
 
-from miles.backends.actor import CPU_THREADS_PER_ACTOR
 from miles.backends.loss import compute_advantages
 from miles.backends.lora import LoraSpec
 from miles.backends.types import RolloutBatch
+from miles.models.runtime import actor_threads
 from miles.ray.faults import ROSTER, wait_for
 from miles.ray.placement import PlacementPlan, actor_options
 from miles.rollout.data import PromptDataset, read_prompt_file
@@ -47,8 +47,7 @@ class RolloutManager:
 
         self.args = args
         self.dataset = PromptDataset.from_args(args)
-        threads = CPU_THREADS_PER_ACTOR if args.device == "cpu" else None
-        self.engines = [create_engine_actor(args, threads, **actor_options(pg, slot, runtime_env))
+        self.engines = [create_engine_actor(args, actor_threads(args.device), **actor_options(pg, slot, runtime_env))
                         for slot in placement.rollout]
         colocated = [s.bundle_index for s in placement.reward]
         self.rewards = RewardPool(args, placement_group=pg if colocated else None, bundle_indices=colocated or None)

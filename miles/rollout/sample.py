@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> Path:
     except (OSError, ValueError, KeyError) as err:  # a missing or corrupt checkpoint, a bad option value
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         print(f"error: cannot sample {args.hf_checkpoint}: {type(err).__name__}: {reason}; fix: check the "
-              f"checkpoint (or recreate it: python3 -m miles.models.create_checkpoint ... --out DIR)",
+              f"checkpoint (or recreate it: python3 -m miles.proxy_assets.checkpoint ... --out DIR)",
               file=sys.stderr, flush=True)
         raise SystemExit(1) from None
 

@@ -9,21 +9,10 @@ afterwards. The proxy keeps its one train node (Ray places its actors over both 
 GPU tier (nightly): the recipe's documented CI proxy, one node of 4 GPUs (`--scale gpu-proxy`).
 """
 
-from miles.testing import RecipeCase, Signal, parametrize_cases
+from miles.testing.proxy_cases import proxy_cases, recipe_test
 
 RECIPE = "scripts/run_diffusion_grpo_wan22_pickscore_17gpu_multinode.py"
 LABELS = ("wan22", "grpo", "pickscore", "multinode", "video")
-METRICS = ("rollout/reward/raw_mean", "train/loss", "train/grad_norm")
-# two rollouts are too few for a reward trend: the signal that holds anywhere is a gradient
-SIGNALS = (Signal("train/grad_norm", "positive"),)
 
-CASES = [
-    RecipeCase.cpu(RECIPE, ray_nodes=2, metrics=METRICS, signals=SIGNALS,
-                   est_time=150, labels=LABELS),
-    RecipeCase.gpu(RECIPE, gpus=4, args=("--scale", "gpu-proxy"), est_time=1500, labels=LABELS),
-]
-
-
-@parametrize_cases(CASES)
-def test_recipe(recipe_case, run_recipe, check_run):
-    check_run(run_recipe(recipe_case))
+CASES = proxy_cases(RECIPE, gpus=4, labels=LABELS, cpu_est_time=150, gpu_est_time=1500, cpu_options={"ray_nodes": 2})
+test_recipe = recipe_test(CASES)

@@ -2,20 +2,10 @@
 nightly GPU tier.
 """
 
-from miles.testing import RecipeCase, Signal, parametrize_cases
+from miles.testing.proxy_cases import proxy_cases, recipe_test
 
 RECIPE = "scripts/run_diffusion_nft_sd3_pickscore.py"
 LABELS = ('sd3', 'nft', 'pickscore', 'ema')
-METRICS = ("rollout/reward/raw_mean", "train/loss", "train/grad_norm")
-# two rollouts are too few for a reward trend: the signal that holds anywhere is a gradient
-SIGNALS = (Signal("train/grad_norm", "positive"),)
 
-CASES = [
-    RecipeCase.cpu(RECIPE, metrics=METRICS, signals=SIGNALS, est_time=90, labels=LABELS),
-    RecipeCase.gpu(RECIPE, gpus=3, args=("--scale", "gpu-proxy"), est_time=1200, labels=LABELS),
-]
-
-
-@parametrize_cases(CASES)
-def test_recipe(recipe_case, run_recipe, check_run):
-    check_run(run_recipe(recipe_case))
+CASES = proxy_cases(RECIPE, gpus=3, labels=LABELS)
+test_recipe = recipe_test(CASES)

@@ -42,7 +42,7 @@ def shared_assets_root(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_checkpoint(tmp_path_factory):
     """tiny_checkpoint(family="sd3", seed=0): the path of that tiny checkpoint, built on first use."""
-    from miles.models.create_checkpoint import ensure_checkpoint
+    from miles.proxy_assets.checkpoint import ensure_checkpoint
     from miles.models.runtime import configure_torch
 
     configure_torch(num_threads=1)

@@ -52,11 +52,11 @@ def eval_args(eval_prompt_data: str, eval_interval: Optional[int]) -> str:
     return f"--eval-interval {eval_interval} --eval-prompt-data {eval_prompt_data} "
 
 
-def flow_grpo_args(clip_range: str = "1e-4") -> str:
-    """Flow-GRPO's policy loss: group-normalised advantages, PPO clip, 2 optimizer steps per rollout."""
+def flow_grpo_args(clip_range: str = "1e-4", steps_per_rollout: int = 2) -> str:
+    """Flow-GRPO's policy loss: group-normalised advantages, PPO clip, optimizer steps per rollout."""
     return (
         f"--loss-type policy_loss --advantage-estimator grpo --diffusion-clip-range {clip_range} "
-        "--diffusion-adv-clip-max 5.0 --num-steps-per-rollout 2 "
+        f"--diffusion-adv-clip-max 5.0 --num-steps-per-rollout {steps_per_rollout} "
     )
 
 

@@ -1,7 +1,7 @@
 """What a recipe trains on: its checkpoint, its PickScore model and its prompt files.
 
 Each is named in every run and made (once, then reused) only outside a dry run, which must stay
-free of side effects and of torch: the makers are imported when they are called.
+free of side effects and of torch: the makers (miles.proxy_assets) are imported when they are called.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 from typing import NamedTuple, Optional, Protocol
 
+from miles.proxy_assets import checkpoint_name, tiny_pickscore_name
 from miles.utils.external_utils.launch_mode import is_dry_run
 from miles.utils.external_utils.recipe_options import RolloutScale
 
@@ -41,8 +42,8 @@ def ensure_recipe_checkpoint(family: str, size: Optional[str], model_dir: PathLi
     if size is None:
         return str(model_dir / released)
     if is_dry_run():
-        return str(model_dir / f"miles-{family}-{size}-seed{SEED}")
-    from miles.models.create_checkpoint import ensure_checkpoint
+        return str(model_dir / checkpoint_name(family, size, SEED))
+    from miles.proxy_assets.checkpoint import ensure_checkpoint
 
     return str(ensure_checkpoint(family, size, SEED, model_dir))
 
@@ -53,8 +54,8 @@ def ensure_pickscore(size: Optional[str], model_dir: PathLike) -> str:
     if size is None:
         return str(model_dir / RELEASED_PICKSCORE)
     if is_dry_run():
-        return str(model_dir / f"tiny-pickscore-seed{SEED}")
-    from miles.rollout.rm_hub.pickscore import ensure_tiny_pickscore
+        return str(model_dir / tiny_pickscore_name(SEED))
+    from miles.proxy_assets.pickscore import ensure_tiny_pickscore
 
     return str(ensure_tiny_pickscore(model_dir, seed=SEED))
 
@@ -63,12 +64,12 @@ def ensure_prompt_files(
     kind: str, data_dir: PathLike, num_prompts: int, eval_prompts: int = EVAL_PROMPTS
 ) -> tuple[str, str]:
     """`<kind>_prompts_<n>.jsonl` (seed 0) and `<kind>_eval_prompts_<m>.jsonl` (seed 1, "" when
-    eval_prompts is 0): the built-in prompt set `kind` of miles.rollout.prompts."""
+    eval_prompts is 0): the built-in prompt set `kind` of miles.proxy_assets.prompts."""
     data_dir = Path(data_dir)
     prompt_data = data_dir / f"{kind}_prompts_{num_prompts}.jsonl"
     eval_prompt_data = data_dir / f"{kind}_eval_prompts_{eval_prompts}.jsonl" if eval_prompts else None
     if not is_dry_run():
-        from miles.rollout.prompts import ensure_prompt_file
+        from miles.proxy_assets.prompts import ensure_prompt_file
 
         ensure_prompt_file(kind, prompt_data, num_prompts=num_prompts, seed=0)
         if eval_prompt_data is not None:

@@ -20,8 +20,8 @@ TINY = ("--rollout-batch-size 2 --n-samples-per-prompt 2 --diffusion-height 64 -
 
 
 def tiny_assets(family: str = "sd3"):
-    from miles.models.create_checkpoint import ensure_checkpoint
-    from miles.rollout.prompts import ensure_prompt_file
+    from miles.proxy_assets.checkpoint import ensure_checkpoint
+    from miles.proxy_assets.prompts import ensure_prompt_file
 
     checkpoint = ensure_checkpoint(family, "tiny", 0, ASSETS)
     prompts = ensure_prompt_file("tiny", ASSETS / "prompts.jsonl", num_prompts=16)
@@ -38,7 +38,7 @@ def tiny_args(run_dir, extra: str = ""):
 
 
 def engine_for(args):
-    from miles.backends.actor import CPU_THREADS_PER_ACTOR
+    from miles.models.runtime import CPU_THREADS_PER_ACTOR
     from miles.rollout.engine import RolloutEngine
 
     return RolloutEngine.from_args(args, num_threads=CPU_THREADS_PER_ACTOR)

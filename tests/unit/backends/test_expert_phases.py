@@ -7,9 +7,9 @@ import shutil
 import pytest
 
 from miles.backends.actor import TrainRank
-from miles.models.create_checkpoint import ensure_checkpoint
+from miles.proxy_assets.checkpoint import ensure_checkpoint
 from miles.models.runtime import configure_torch
-from miles.rollout.prompts import ensure_prompt_file
+from miles.proxy_assets.prompts import ensure_prompt_file
 from miles.utils.arguments import parse_command_line
 from miles.utils.batch_rules import ConfigError
 

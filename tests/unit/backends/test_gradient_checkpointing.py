@@ -41,7 +41,7 @@ def test_gradients_are_equal_with_and_without_checkpointing(tmp_path):
 
 @pytest.mark.parametrize("family", FAMILY_NAMES)
 def test_every_family_enables_it_through_the_diffusers_api(family):
-    from miles.models.create_checkpoint import build_component
+    from miles.proxy_assets.checkpoint import build_component
     from miles.models.registry import get_family
 
     spec = get_family(family)
@@ -64,7 +64,7 @@ def test_each_familys_transformer_gradients_are_equal_with_and_without_checkpoin
     off); bit-equal for the reason above."""
     from dtype_helpers import ASSETS
 
-    from miles.models.create_checkpoint import ensure_checkpoint
+    from miles.proxy_assets.checkpoint import ensure_checkpoint
     from miles.models.loader import load_model
 
     model = load_model(ensure_checkpoint(family, "tiny", 0, ASSETS))

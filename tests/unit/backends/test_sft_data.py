@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from miles.backends.sft_data import SFTDataError, SFTDataset, load_pixels, read_sft_file
-from miles.rollout.prompts import ensure_sft_dataset
+from miles.proxy_assets.prompts import ensure_sft_dataset
 
 
 @pytest.fixture(scope="module")

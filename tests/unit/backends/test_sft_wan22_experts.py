@@ -5,9 +5,9 @@ import torch
 
 from miles.backends.actor import TrainRank
 from miles.backends.sft import SFTSource
-from miles.models.create_checkpoint import ensure_checkpoint
+from miles.proxy_assets.checkpoint import ensure_checkpoint
 from miles.models.runtime import configure_torch
-from miles.rollout.prompts import ensure_sft_dataset
+from miles.proxy_assets.prompts import ensure_sft_dataset
 from miles.utils.arguments import parse_command_line
 from miles.utils.batching import Pair
 

@@ -14,7 +14,7 @@ TINY_FLAGS = (
 
 @pytest.fixture(scope="session")
 def tiny_assets(tmp_path_factory, tiny_checkpoint):
-    from miles.rollout.prompts import ensure_prompt_file
+    from miles.proxy_assets.prompts import ensure_prompt_file
 
     root = tmp_path_factory.mktemp("assets")
     checkpoint = tiny_checkpoint("sd3")

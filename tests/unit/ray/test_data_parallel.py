@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from miles.backends.actor import CPU_THREADS_PER_ACTOR, TrainRank
+from miles.backends.actor import TrainRank
+from miles.models.runtime import CPU_THREADS_PER_ACTOR
 from miles.backends.loss import compute_advantages
 from miles.backends.types import RolloutBatch
 from miles.ray.placement import PlacementPlan, Slot

@@ -196,8 +196,9 @@ def copy_repo(pytester, recipes):
 
 
 def test_new_recipe_with_non_dividing_pair_shards_fails_its_dry_check_with_no_test_edit(pytester):
-    bad = re.sub(r"--num-steps-per-rollout \d+ ", "--num-steps-per-rollout 3 ", TINY.read_text())
-    assert bad != TINY.read_text()
+    grpo = 'U.flow_grpo_args(clip_range="1e-2")'
+    assert TINY.read_text().count(grpo) == 1, "the tiny recipe's GRPO block changed"
+    bad = TINY.read_text().replace(grpo, 'U.flow_grpo_args(clip_range="1e-2", steps_per_rollout=3)')
     copy_repo(pytester, {"run_my_new_recipe.py": bad})
     result = pytester.runpytest_subprocess("-p", "miles.testing", "tests/e2e", "-k", "my_new_recipe")
     result.assert_outcomes(failed=1)
@@ -218,9 +219,9 @@ def test_editing_one_flag_fails_only_that_recipes_snapshot_and_snapshot_update_f
     copy_repo(pytester, {"run_one.py": TINY.read_text(), "run_two.py": TINY.read_text()})
     pytester.runpytest_subprocess("-p", "miles.testing", "tests/e2e", "--snapshot-update").assert_outcomes(passed=2)
     one = pytester.path / "scripts" / "run_one.py"
-    recorded_lr = re.search(r'"--lr (\S+) ', one.read_text()).group(1)
+    recorded_lr = re.search(r'optimizer_args\(lr="([^"]+)"', one.read_text()).group(1)
     assert recorded_lr != "5e-4"
-    one.write_text(one.read_text().replace(f'"--lr {recorded_lr} ', '"--lr 5e-4 '))
+    one.write_text(one.read_text().replace(f'optimizer_args(lr="{recorded_lr}"', 'optimizer_args(lr="5e-4"'))
     result = pytester.runpytest_subprocess("-p", "miles.testing", "tests/e2e")
     result.assert_outcomes(failed=1, passed=1)
     result.stdout.fnmatch_lines(["*FAILED*test_dry?run_one-dry?*"])

@@ -91,7 +91,7 @@ def test_the_recipe_checklist_taken_literally_reaches_a_passing_dry_check(tmp_pa
                  '    lr: str = field(default="1e-3", metadata={"help": "Learning rate of the demo."})\n'
                  "    train_ranks: int = field(")
     # 4. execute(): the flag blocks, then execute_train with the flags the results depend on locked
-    text = _edit(text, 'optimizer_args = "--lr 2e-3 ', 'optimizer_args = f"--lr {args.lr} ')
+    text = _edit(text, 'U.optimizer_args(lr="2e-3"', 'U.optimizer_args(lr=args.lr')
     text = _edit(text, "U.execute_train(train_args=train_args, num_gpus_per_node=num_gpus, config=args)",
                  'U.execute_train(train_args=train_args, num_gpus_per_node=num_gpus, config=args,\n'
                  '                    locked_flags=("--diffusion-num-steps",))')

@@ -18,7 +18,7 @@ W = "tests/unit/backends/test_flag_wiring.py"
 DT = "tests/unit/backends/test_compute_dtype.py"
 L = "tests/unit/backends/test_loss.py"
 O = "tests/unit/backends/test_optimizer_ema.py"
-M = "tests/unit/backends/test_metrics.py"
+M = "tests/unit/utils/test_run_logging.py"
 SFT = "tests/unit/backends/test_sft_train.py"
 STEP = "tests/unit/rollout/test_step_strategy.py"
 SAMPLER = "tests/unit/rollout/test_sampler.py"
@@ -53,7 +53,7 @@ FLAG_TESTS = {
     "--micro-batch-size-tstep": f"{R}::test_2d_tile_overrides_the_flat_micro_batch_size",
     "--diffusion-train-iter-order": f"{B}::test_2d_tiles_visit_timesteps_first_in_timestep_major_order",
     "--train-dp-split-mode": f"{DP}::test_two_ranks_match_one_rank_and_each_trains_its_own_shard",
-    "--num-rollout": f"{LOOP}::test_two_rank_full_runs_keep_parity_exact_repeat_bit_for_bit_and_eval_on_their_interval",
+    "--num-rollout": f"{LOOP}::test_two_sharded_offloaded_rank_runs_keep_parity_exact_repeat_bit_for_bit_and_eval_on_their_interval",
     "--num-epoch": f"{R}::test_run_length_is_required",
     # sampling
     "--diffusion-num-steps": f"{W}::test_sampling_flags_reach_the_engine",
@@ -81,7 +81,7 @@ FLAG_TESTS = {
     "--param-dtype": f"{DT}::test_bf16_compute_keeps_parity_exact_with_fp32_master_weights",
     "--compute-dtype": f"{DT}::test_bf16_compute_keeps_parity_exact_with_fp32_master_weights",
     "--weight-sync": f"{LOOP}::test_skipped_optimizer_steps_keep_parity",
-    "--update-weight-buffer-size": f"{LOOP}::test_two_rank_full_runs_keep_parity_exact_repeat_bit_for_bit_and_eval_on_their_interval",
+    "--update-weight-buffer-size": f"{LOOP}::test_two_sharded_offloaded_rank_runs_keep_parity_exact_repeat_bit_for_bit_and_eval_on_their_interval",
     "--rollout-dtype": f"{DT}::test_dtype_combinations_without_exact_parity_are_refused_naming_the_fix",
     "--gradient-checkpointing": "tests/unit/backends/test_gradient_checkpointing.py::"
                                 "test_gradients_are_equal_with_and_without_checkpointing",
@@ -129,16 +129,16 @@ FLAG_TESTS = {
     "--input-key": f"{DATA}::test_reads_prompts_and_metadata_with_custom_keys",
     "--metadata-key": f"{DATA}::test_reads_prompts_and_metadata_with_custom_keys",
     # eval
-    "--eval-interval": f"{LOOP}::test_two_rank_full_runs_keep_parity_exact_repeat_bit_for_bit_and_eval_on_their_interval",
-    "--eval-prompt-data": f"{LOOP}::test_two_rank_full_runs_keep_parity_exact_repeat_bit_for_bit_and_eval_on_their_interval",
-    "--eval-num-prompts": f"{LOOP}::test_two_rank_full_runs_keep_parity_exact_repeat_bit_for_bit_and_eval_on_their_interval",
+    "--eval-interval": f"{LOOP}::test_two_sharded_offloaded_rank_runs_keep_parity_exact_repeat_bit_for_bit_and_eval_on_their_interval",
+    "--eval-prompt-data": f"{LOOP}::test_two_sharded_offloaded_rank_runs_keep_parity_exact_repeat_bit_for_bit_and_eval_on_their_interval",
+    "--eval-num-prompts": f"{LOOP}::test_two_sharded_offloaded_rank_runs_keep_parity_exact_repeat_bit_for_bit_and_eval_on_their_interval",
     # checkpoint
     "--save": f"{RESUME}::test_killed_run_resumes_at_the_next_rollout_and_ends_like_an_uninterrupted_one",
     "--save-interval": f"{RESUME}::test_killed_run_resumes_at_the_next_rollout_and_ends_like_an_uninterrupted_one",
     "--load": f"{RESUME}::test_killed_run_resumes_at_the_next_rollout_and_ends_like_an_uninterrupted_one",
     "--start-rollout-id": f"{M}::test_a_resumed_logger_drops_rows_from_the_start_id_on",
     # debug
-    "--diffusion-debug-mode": f"{LOOP}::test_two_rank_full_runs_keep_parity_exact_repeat_bit_for_bit_and_eval_on_their_interval",
+    "--diffusion-debug-mode": f"{LOOP}::test_two_sharded_offloaded_rank_runs_keep_parity_exact_repeat_bit_for_bit_and_eval_on_their_interval",
     "--debug-skip-optimizer-step": f"{LOOP}::test_skipped_optimizer_steps_keep_parity",
     "--debug-rollout-only": f"{LOOP}::test_rollout_only_generates_and_scores_without_training",
     "--train-only": f"{R}::test_train_only_runs_no_rollout_engines",
@@ -148,7 +148,7 @@ FLAG_TESTS = {
     "--remote-timeout-factor": "tests/unit/ray/test_fault_classification.py::test_remote_deadlines_start_at_the_first_timeout_then_scale_with_the_slowest_call",
     "--remote-timeout-min-s": "tests/e2e/test_faults.py::test_hung_reward_worker_ends_at_its_deadline_and_the_printed_command_resumes_exactly",
     # determinism
-    "--deterministic-mode": f"{LOOP}::test_two_rank_full_runs_keep_parity_exact_repeat_bit_for_bit_and_eval_on_their_interval",
+    "--deterministic-mode": f"{LOOP}::test_two_sharded_offloaded_rank_runs_keep_parity_exact_repeat_bit_for_bit_and_eval_on_their_interval",
     # logging
     "--run-dir": f"{R}::test_run_dir_defaults_to_a_timestamped_dir_under_runs",
     "--use-wandb": f"{M}::test_wandb_offline_mirrors_the_metrics",
@@ -157,7 +157,7 @@ FLAG_TESTS = {
     "--wandb-run-name": f"{M}::test_wandb_offline_mirrors_the_metrics",
     "--wandb-mode": f"{M}::test_wandb_offline_mirrors_the_metrics",
     "--wandb-dir": f"{M}::test_wandb_offline_mirrors_the_metrics",
-    "--wandb-required": "tests/unit/backends/test_wandb_conventions.py::"
+    "--wandb-required": "tests/unit/utils/test_wandb_conventions.py::"
                         "test_a_wandb_that_cannot_start_is_one_warning_and_the_run_goes_on",
     # config
     "--custom-config-path": f"{A}::test_config_file_overrides_the_command_line_key_by_key",

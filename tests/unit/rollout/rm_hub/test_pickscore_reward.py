@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from miles.rollout.rm_hub import RewardError, RewardSample, score_samples
-from miles.rollout.rm_hub.pickscore import SCORE_SCALE, ensure_tiny_pickscore, get_scorer
+from miles.proxy_assets.pickscore import ensure_tiny_pickscore
+from miles.rollout.rm_hub.pickscore import SCORE_SCALE, get_scorer
 
 
 def _digests(folder):

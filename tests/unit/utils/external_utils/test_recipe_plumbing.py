@@ -51,11 +51,11 @@ def test_outside_a_dry_run_the_makers_are_called_once_each(tmp_path, monkeypatch
     monkeypatch.setenv("MILES_SCRIPT_ENABLE_RAY_SUBMIT", "1")
     made = []
     fakes = {
-        "miles.models.create_checkpoint": {"ensure_checkpoint": lambda f, s, seed, root: made.append(("ckpt", f, s))
+        "miles.proxy_assets.checkpoint": {"ensure_checkpoint": lambda f, s, seed, root: made.append(("ckpt", f, s))
                                            or root / f"made-{f}-{s}"},
-        "miles.rollout.prompts": {"ensure_prompt_file": lambda kind, path, num_prompts, seed: made.append(
+        "miles.proxy_assets.prompts": {"ensure_prompt_file": lambda kind, path, num_prompts, seed: made.append(
             ("prompts", kind, num_prompts, seed))},
-        "miles.rollout.rm_hub.pickscore": {"ensure_tiny_pickscore": lambda root, seed: made.append(("pickscore",))
+        "miles.proxy_assets.pickscore": {"ensure_tiny_pickscore": lambda root, seed: made.append(("pickscore",))
                                            or root / "made-pickscore"},
     }
     for name, functions in fakes.items():

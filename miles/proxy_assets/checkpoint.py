@@ -1,20 +1,19 @@
 """Build a family's checkpoint locally, in diffusers layout, deterministically from a seed.
 
-    python3 -m miles.models.create_checkpoint --family sd3 --size tiny --seed 0 --out DIR
+    python3 -m miles.proxy_assets.checkpoint --family sd3 --size tiny --seed 0 --out DIR
 
 Every component is initialised from its own seed (derived from the run seed and the component
 name), saved with its own `save_pretrained`, into a temporary directory that is renamed into place
 only when complete. The same arguments write the same bytes.
 
-At size `tiny` the VAE is not left random: `miles.models.vae_fit` trains it for a few seconds into
-a small autoencoder of synthetic images (deterministically), so that decoded images, and the
-colour/brightness rewards on them, respond to the latents.
+At size `tiny` the VAE is not left random: `miles.proxy_assets.vae_fit` trains it for a few
+seconds into a small autoencoder of synthetic images (deterministically), so that decoded images,
+and the colour/brightness rewards on them, respond to the latents.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import shutil
@@ -28,13 +27,11 @@ from miles.models.families.base import ComponentSpec
 from miles.models.registry import get_family
 from miles.models.runtime import quiet_libraries
 from miles.models.tokenizer import build_tokenizer
-from miles.models.vae_fit import FIT_VERSION, FITTED_VAES, fit_vae
+from miles.proxy_assets import checkpoint_name
+from miles.proxy_assets.vae_fit import FIT_VERSION, FITTED_VAES, fit_vae
+from miles.utils.dotted_path import load_callable
 
 SIZES = ("tiny", "proxy")
-
-
-def checkpoint_name(family: str, size: str, seed: int) -> str:
-    return f"miles-{family}-{size}-seed{seed}"
 
 
 def vae_fit_marker(family: str, size: str) -> int | None:
@@ -47,9 +44,9 @@ def build_component(spec: ComponentSpec, seed: int):
     if spec.class_name == "PreTrainedTokenizerFast":
         return build_tokenizer(**spec.config)
     torch.manual_seed(seed)
-    cls = getattr(importlib.import_module(spec.library), spec.class_name)
+    cls = load_callable(f"{spec.library}:{spec.class_name}", "component class")
     if spec.config_class is not None:
-        config_cls = getattr(importlib.import_module(spec.library), spec.config_class)
+        config_cls = load_callable(f"{spec.library}:{spec.config_class}", "component config class")
         return cls(config_cls(**spec.config)).eval()
     return cls(**spec.config).eval()
 

@@ -5,7 +5,7 @@ import pytest
 from PIL import Image
 
 from miles.rollout.data import read_prompt_file
-from miles.rollout.prompts import ensure_prompt_file, ensure_sft_dataset
+from miles.proxy_assets.prompts import ensure_prompt_file, ensure_sft_dataset
 from miles.rollout.rm_hub.colors import find_color
 
 

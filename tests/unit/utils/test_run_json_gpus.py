@@ -8,7 +8,7 @@ import types
 
 import pytest
 
-from miles.backends.metrics import visible_gpu_entries, write_run_json
+from miles.utils.run_logging import visible_gpu_entries, write_run_json
 
 UUIDS = [f"GPU-{i}aaa-0000" for i in range(4)]
 NAMES = ["H200 #0", "H200 #1", "H200 #2", "H200 #3"]

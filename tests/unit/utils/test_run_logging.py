@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import torch
 
-from miles.backends.metrics import MetricsLogger, Progress, plot_curves, read_metrics, save_image_grid, write_run_json
+from miles.utils.run_logging import MetricsLogger, Progress, plot_curves, read_metrics, save_image_grid, write_run_json
 
 ROW = {"rollout/reward/raw_mean": 0.5, "train/loss": torch.tensor(0.25), "perf/train_time": 1.5,
        "train/model_output_max_abs_diff": 0.0}
@@ -66,7 +66,7 @@ def test_curves_and_image_grid_are_written(tmp_path):
 
 
 def test_curves_have_labelled_axes_and_the_parity_caption(tmp_path):
-    from miles.backends.metrics import CURVE_PANELS, PARITY_CAPTION, curves_figure
+    from miles.utils.run_logging import CURVE_PANELS, PARITY_CAPTION, curves_figure
 
     rows = [{"rollout_id": i, "rollout/reward/raw_mean": 0.1 * i, "train/loss": 0.5, "train/grad_norm": 1.0,
              "train/model_output_max_abs_diff": 0.0} for i in range(3)]
@@ -83,7 +83,7 @@ def test_curves_have_labelled_axes_and_the_parity_caption(tmp_path):
 def test_last_rollout_grid_captions_each_sample_with_its_prompt_and_reward(tmp_path):
     from PIL import Image
 
-    from miles.backends.metrics import image_grid_figure, save_image_grid
+    from miles.utils.run_logging import image_grid_figure, save_image_grid
 
     long_prompt = "a watercolor painting of a lighthouse on a cliff at dusk with seagulls and waves"
     captions = [(long_prompt, 0.8125), ("a red car", 0.25), ("a blue bird", -1.5)]
@@ -101,7 +101,7 @@ def test_last_rollout_grid_captions_each_sample_with_its_prompt_and_reward(tmp_p
 WANDB_SCRIPT = """
 import sys
 from types import SimpleNamespace
-from miles.backends.metrics import MetricsLogger, init_wandb
+from miles.utils.run_logging import MetricsLogger, init_wandb
 args = SimpleNamespace(use_wandb=True, wandb_project="t", wandb_group=None, wandb_run_name="r",
                        wandb_mode="offline", wandb_dir=sys.argv[1], run_dir=sys.argv[1])
 logger = MetricsLogger(sys.argv[1], deterministic=False, wandb_run=init_wandb(args))

@@ -6,7 +6,7 @@ import pytest
 
 wandb = pytest.importorskip("wandb")
 
-from miles.backends.metrics import init_wandb  # noqa: E402
+from miles.utils.run_logging import init_wandb  # noqa: E402
 
 
 def _args(tmp_path, **kw):

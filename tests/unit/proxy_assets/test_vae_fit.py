@@ -4,10 +4,10 @@ import zlib
 import pytest
 import torch
 
-from miles.models.create_checkpoint import build_component
+from miles.proxy_assets.checkpoint import build_component
 from miles.models.loader import load_model
 from miles.models.registry import get_family
-from miles.models.vae_fit import FITTED_VAES, deterministic_single_thread, synthetic_images
+from miles.proxy_assets.vae_fit import FITTED_VAES, deterministic_single_thread, synthetic_images
 
 FITTED_FAMILIES = [f for f in ("sd3", "qwen_image", "wan2_2", "cosmos3", "ltx")
                    if get_family(f).module.components("tiny")["vae"].class_name in FITTED_VAES]
@@ -77,7 +77,7 @@ def test_the_fit_context_restores_threads_and_determinism():
 
 
 def test_ensure_checkpoint_rebuilds_a_tiny_checkpoint_cached_before_the_fit(tmp_path, monkeypatch):
-    from miles.models import create_checkpoint as cc
+    from miles.proxy_assets import checkpoint as cc
 
     built = []
 

@@ -5,8 +5,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from miles.models import create_checkpoint as cc
-from miles.models.create_checkpoint import build_component, create_checkpoint, ensure_checkpoint
+from miles.proxy_assets import checkpoint as cc
+from miles.proxy_assets.checkpoint import build_component, create_checkpoint, ensure_checkpoint
 from miles.models.registry import get_family
 
 from miles.utils.families import FAMILY_NAMES as FAMILIES
