@@ -63,7 +63,7 @@ _SCALES: dict[str, _Scale] = {
     "full": _Scale(
         U.FULL_SCALE, train_ranks=4, resolution=512, num_steps=10, sde_window_max_start=3, rollout_batch_size=32,
         n_samples_per_prompt=16, tile_samples=8, reward_gpus=1, rm_num_workers=4, num_prompts=4000,
-        num_rollout=300, eval_interval=10, save_interval=20,
+        num_rollout=300, eval_interval=10, save_interval=20, sharded=True,
     ),
     "gpu-proxy": _Scale(
         U.GPU_PROXY, train_ranks=4, resolution=256, num_steps=10, sde_window_max_start=3, rollout_batch_size=8,
@@ -126,7 +126,7 @@ def execute(args: ScriptArgs, assets: U.Assets) -> None:
 
     engine_args = U.engine_args(scale.train_ranks)
 
-    train_backend_args = U.train_backend_args(scale.dtype)
+    train_backend_args = U.train_backend_args(scale.dtype, sharded=scale.sharded)
 
     perf_args = U.tile_args(scale.tile_samples) + U.gradient_checkpointing_args(scale.device)
 

@@ -81,7 +81,7 @@ _SCALES: dict[str, _Scale] = {
     "full": _Scale(
         U.FULL_SCALE, num_nodes=3, train_gpus_per_node=8, reward_gpus=1, reward_node=True, height=480, width=832,
         frames=33, num_steps=20, sde_window_max_start=16, rollout_batch_size=16, n_samples_per_prompt=16,
-        rm_num_workers=4, num_prompts=4000, num_rollout=200, eval_interval=10, save_interval=10,
+        rm_num_workers=4, num_prompts=4000, num_rollout=200, eval_interval=10, save_interval=10, sharded=True,
     ),
     "gpu-proxy": _Scale(
         U.GPU_PROXY, num_nodes=1, train_gpus_per_node=3, reward_gpus=1, reward_node=False, height=256, width=256,
@@ -178,7 +178,8 @@ def execute(args: ScriptArgs, assets: U.Assets) -> None:
 
     engine_args = U.engine_args(train_nodes * scale.train_gpus_per_node)
 
-    train_backend_args = U.train_backend_args(scale.dtype, update_weights="transformer transformer_2")
+    train_backend_args = U.train_backend_args(scale.dtype, update_weights="transformer transformer_2",
+                                                sharded=scale.sharded)
 
     # one pair per forward: one expert
     perf_args = U.flat_micro_batch_args(1) + U.gradient_checkpointing_args(scale.device)

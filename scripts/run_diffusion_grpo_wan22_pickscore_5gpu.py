@@ -58,7 +58,7 @@ _SCALES: dict[str, _Scale] = {
     "full": _Scale(
         U.FULL_SCALE, train_ranks=4, height=480, width=832, frames=33, num_steps=20, sde_window_max_start=6,
         rollout_batch_size=8, n_samples_per_prompt=8, reward_gpus=1, rm_num_workers=4, num_prompts=4000,
-        num_rollout=200, eval_interval=10, save_interval=20,
+        num_rollout=200, eval_interval=10, save_interval=20, sharded=True,
     ),
     "gpu-proxy": _Scale(
         U.GPU_PROXY, train_ranks=4, height=256, width=256, frames=9, num_steps=10, sde_window_max_start=4,
@@ -123,7 +123,8 @@ def execute(args: ScriptArgs, assets: U.Assets) -> None:
 
     engine_args = U.engine_args(scale.train_ranks)
 
-    train_backend_args = U.train_backend_args(scale.dtype, update_weights="transformer")  # the high-noise expert
+    train_backend_args = U.train_backend_args(scale.dtype, update_weights="transformer",  # the high-noise expert
+                                                sharded=scale.sharded)
 
     # 2 consecutive pairs = one sample's two trained steps, always on one expert
     perf_args = U.flat_micro_batch_args(2) + U.gradient_checkpointing_args(scale.device)

@@ -61,6 +61,7 @@ _SCALES: dict[str, _Scale] = {
     "full": _Scale(
         U.FULL_SCALE, train_ranks=4, height=480, width=832, frames=33, num_steps=20, items_per_rollout=32,
         tile_items=4, num_items=256, num_rollout=500, save_interval=50, lr="1e-4", lr_warmup_steps=20,
+        sharded=True,
     ),
     "gpu-proxy": _Scale(
         U.GPU_PROXY, train_ranks=4, height=256, width=256, frames=9, num_steps=10, items_per_rollout=16,
@@ -135,7 +136,8 @@ def execute(args: ScriptArgs, assets: U.Assets) -> None:
 
     engine_args = "--train-only "  # SFT trains on a fixed dataset: no rollout engines
 
-    train_backend_args = U.train_backend_args(scale.dtype, update_weights="transformer transformer_2", rollout=False)
+    train_backend_args = U.train_backend_args(scale.dtype, update_weights="transformer transformer_2", rollout=False,
+                                                sharded=scale.sharded)
 
     # one timestep per forward: every forward is on one expert
     perf_args = U.tile_args(scale.tile_items) + U.gradient_checkpointing_args(scale.device)

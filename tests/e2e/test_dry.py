@@ -8,34 +8,30 @@ Re-record after an intended recipe edit with `pytest tests/e2e -m dry --snapshot
 
 from pathlib import Path
 
-from miles.testing import dry_cases, parametrize_cases
+from miles.testing import RecipeCase, dry_cases, parametrize_cases
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
-# Full-scale recipes whose memory plan does not fit their declared GPUs with the trainer as built
-# (the data-parallel backend: every train rank holds a float32 master and a compute copy of every
-# transformer, unsharded). They need sharded training and offload (issue 16, points 1-2, not done).
-# Their dry check must fail for memory, naming the GPU whose estimate is over budget; the plan is
-# still snapshotted. A recipe that starts to fit fails this test: take its entry out.
-OVER_BUDGET = {
-    "run_diffusion_grpo_pickscore_5gpu_flowgrpo_aligned": "train GPU",
-    "run_diffusion_grpo_wan22_pickscore_5gpu": "train GPU",
-    "run_diffusion_grpo_wan22_pickscore_17gpu_multinode": "train GPU",
-    "run_diffusion_sft_wan22": "train GPU",
-}
+# The full-parameter Wan2.2 A14B recipe with its sharding and offload taken away: every train
+# rank would hold a whole float32 master, a bf16 copy and AdamW state of both experts beside its
+# engine. Its dry check must fail for memory, naming the GPU, the estimate, the budget and the fix.
+UNSHARDED = RecipeCase.dry(
+    "scripts/run_diffusion_grpo_wan22_pickscore_17gpu_multinode.py", root=REPO_ROOT, variant="unsharded",
+    args=("--extra-args", "--train-backend dp --no-offload-train --no-offload-rollout"),
+)
 
 
 @parametrize_cases(dry_cases(REPO_ROOT))
 def test_dry(recipe_case, dry_run, check_static, plan_snapshot):
-    over = OVER_BUDGET.get(Path(recipe_case.script).stem)
-    if over is None:
-        dry = dry_run(recipe_case)
-        check_static(dry)
-    else:
-        failure = dry_run(recipe_case, expect_failure=True)
-        message = str(failure)
-        assert f"memory plan: each {over} needs an estimated" in message, message
-        assert "GiB" in message and "budget" in message and "what would help" in message, message
-        dry = failure.dry
-        assert dry is not None, message
+    dry = dry_run(recipe_case)
+    check_static(dry)
     assert plan_snapshot == dry.text
+
+
+@parametrize_cases([UNSHARDED])
+def test_a_full_parameter_recipe_that_cannot_fit_fails_its_dry_check_naming_role_estimate_and_fix(
+        recipe_case, dry_run):
+    message = str(dry_run(recipe_case, expect_failure=True))
+    assert "memory plan: each train GPU needs an estimated" in message, message
+    assert "over its budget of 126.9 GiB (--gpu-memory-gb 141" in message, message
+    assert "what would help: " in message and "--train-backend fsdp" in message, message

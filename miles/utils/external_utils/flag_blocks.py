@@ -84,13 +84,18 @@ def engine_args(num_gpus: int) -> str:
     return f"--rollout-num-gpus {num_gpus} --rollout-num-gpus-per-engine 1 "
 
 
-def train_backend_args(dtype: str, update_weights: str = "transformer", rollout: bool = True) -> str:
-    """float32 trained weights, `dtype` forwards (and rollouts); the modules synced to the engines."""
+def train_backend_args(dtype: str, update_weights: str = "transformer", rollout: bool = True,
+                       sharded: bool = False) -> str:
+    """float32 trained weights, `dtype` forwards (and rollouts); the modules synced to the engines.
+    `sharded`: FSDP2 over the train ranks, and with rollout engines both sides offloaded between
+    their phases (a colocated rank and engine take turns on the GPU)."""
     words = f"--param-dtype float32 --compute-dtype {dtype} "
     if rollout:
         words += f"--rollout-dtype {dtype} "
     if update_weights:
         words += f"--update-weight-target-module {update_weights} "
+    if sharded:
+        words += "--train-backend fsdp " + ("--offload-train --offload-rollout " if rollout else "")
     return words
 
 

@@ -39,6 +39,9 @@ class Scale:
     kind: ScaleKind = field(kw_only=False)
     num_rollout: int  # what an unset --num-rollout means
     save_interval: Optional[int] = None  # None: no checkpoints
+    # FSDP2 over the train ranks (and, beside rollout engines, both sides offloaded between their
+    # phases): what lets a model whose whole copy per rank would not fit its GPUs train at all
+    sharded: bool = False
 
     @property
     def checkpoint_size(self) -> Optional[str]:
