@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import warnings
 from pathlib import Path
 
@@ -42,8 +41,6 @@ MARKERS = {
     "nightly": "GPU tier, run by the nightly GPU suite",
     "faults": "fault-injection suite (docs/faults.md): deselected unless `-m faults` (or an -m naming it) "
               "or --miles-faults is given",
-    "slow(seconds)": "takes about `seconds` on a 2-CPU machine (a Ray cluster, a training run); under xdist the "
-                     "longest tests start first",
 }
 
 
@@ -80,8 +77,6 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     _deselect_faults_unless_asked(config, items)
-    if hasattr(config, "workerinput"):
-        _longest_first(items)
     wait = config.getoption("--miles-gpu-wait") or 0.0
     if not wait:
         return
@@ -102,23 +97,6 @@ def _deselect_faults_unless_asked(config: pytest.Config, items: list[pytest.Item
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
-
-
-def expected_seconds(item: pytest.Item) -> float:
-    """What a test is expected to take: a real recipe case's est_time, a `slow(seconds)` mark, else 0."""
-    case = case_of(item)
-    if case is not None and case.tier != "dry":
-        return float(case.est_time)
-    mark = item.get_closest_marker("slow")
-    return float(mark.args[0]) if mark is not None and mark.args else 0.0
-
-
-def _longest_first(items: list[pytest.Item]) -> None:
-    """xdist hands tests out in collection order, so a long test collected last keeps one worker
-    busy after the other ran dry; started first, the long tests alternate between the workers and
-    the short ones fill the gaps. A stable sort: every worker computes the same order, and tests
-    without an estimate keep theirs."""
-    items.sort(key=lambda item: -expected_seconds(item))
 
 
 def _is_xdist_controller(config: pytest.Config) -> bool:

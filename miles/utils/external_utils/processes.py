@@ -197,13 +197,18 @@ def _kill(pid: int, sig: int) -> bool:
 
 
 QUIET_S = 2.0  # the launcher's: how long no process may carry the token before a cleanup counts as done
+# SIGTERM to SIGKILL. An idle Ray head's gcs_server, raylet, autoscaler monitor and runtime-env
+# agent, signalled together, are all still alive 10 s after SIGTERM (each waits on another for a
+# graceful drain), so a longer grace only delays the SIGKILL every cleanup ends with. What a run
+# must keep survives a SIGKILL: checkpoints are committed atomically, logs are written as they go.
+TERM_GRACE_S = 3.0
 
 
 def end_marked_processes(
     token: str,
     env_name: str = TOKEN_ENV,
     *,
-    grace_s: float = 10.0,
+    grace_s: float = TERM_GRACE_S,
     kill_wait_s: float = 5.0,
     on_poll: Callable[[], None] | None = None,
     descriptions: dict[int, str] | None = None,
@@ -267,7 +272,7 @@ def _stays_quiet(token: str, env_name: str, poll: Callable[[], None], quiet_s: f
     return True
 
 
-def end_token_processes(token: str, grace_s: float = 10.0, session: int | None = None) -> list[int]:
+def end_token_processes(token: str, grace_s: float = TERM_GRACE_S, session: int | None = None) -> list[int]:
     """End every process carrying the launcher's token (and the members of its Ray session)."""
     return end_marked_processes(token, TOKEN_ENV, grace_s=grace_s, session=session)[0]
 

@@ -399,7 +399,7 @@ def _watch_head(launch: _Launch, record: LaunchRecord | None):
 
     session = record.session if record is not None else None
     return restarts.HeadWatch(launch.node.gcs_address,
-                              lambda: end_token_processes(launch.token, grace_s=3.0, session=session))
+                              lambda: end_token_processes(launch.token, session=session))
 
 
 def _restart(launch: _Launch, record: LaunchRecord | None, config: ExecuteTrainConfig,

@@ -33,7 +33,6 @@ def bit_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
     return sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in a)
 
 
-@pytest.mark.slow(20)
 def test_two_sharded_ranks_match_one_rank_keep_parity_exact_offload_and_resume_bit_exact(tmp_path):
     from miles.backends.actor import TrainRank
 

@@ -172,7 +172,6 @@ def device_problems(entries, recorded):
     return problems
 
 
-@pytest.mark.slow(75)
 def test_a_forty_case_suite_packs_onto_two_nodes_of_logical_gpus(cluster, tmp_path):
     cluster.ensure_gpu_nodes(2)
     assert len(cluster.gpu_nodes()) == 2, "this test plans for exactly 2 x 4 GPUs"
@@ -200,7 +199,6 @@ def test_a_forty_case_suite_packs_onto_two_nodes_of_logical_gpus(cluster, tmp_pa
     assert len(logs) == len(entries) and all("done" in p.read_text() for p in logs)
 
 
-@pytest.mark.slow(27)
 def test_a_dead_node_fails_only_its_cases_and_retry_reruns_them_elsewhere(cluster, tmp_path):
     # without retry: the killer's node takes its neighbours with it, the other nodes' pass
     cluster.ensure_gpu_nodes(3)
@@ -235,7 +233,6 @@ def test_a_dead_node_fails_only_its_cases_and_retry_reruns_them_elsewhere(cluste
     assert junit_problems(out / "junit.xml") == []
 
 
-@pytest.mark.slow(15)
 def test_a_multi_node_case_whose_second_node_dies_is_lost_and_ended(cluster, tmp_path):
     # the lead's own node lives on; the node holding the other bundle dies under it
     cluster.ensure_gpu_nodes(2)

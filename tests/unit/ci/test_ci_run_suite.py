@@ -110,7 +110,6 @@ def test_next_case_starts_when_gpus_free_not_at_its_planned_time(workdir):
     assert time.monotonic() - started < 120
 
 
-@pytest.mark.slow(13)
 def test_a_hanging_case_is_ended_with_its_process_group(workdir, monkeypatch):
     pid_file = workdir / "pid"
     monkeypatch.setenv("FAKE_PID_FILE", str(pid_file))
@@ -163,7 +162,6 @@ def test_runs_as_a_script_from_anywhere(tmp_path):
     assert "makespan 10s" in proc.stdout
 
 
-@pytest.mark.slow(10)
 def test_a_real_harness_dry_case_runs_through_the_runner(tmp_path, monkeypatch):
     # the harness's own collection and result contract, on its cheapest case; whether the
     # case itself passes is the harness's business, the reports must be whole either way

@@ -32,7 +32,6 @@ def one_rollout(args):
     return RolloutBatch(0, trajectories, rewards, advantages.tolist(), steps)
 
 
-@pytest.mark.slow(15)
 @pytest.mark.parametrize("mode", ["contiguous", "stride"])
 def test_two_ranks_match_one_rank_and_each_trains_its_own_shard(ray_cluster, tiny_argv, tmp_path, mode):
     import ray

@@ -10,7 +10,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 from safetensors.torch import load_file
 
 from miles.backends.checkpoint import latest_checkpoint
@@ -29,7 +28,6 @@ def finish(proc: subprocess.Popen, log: Path) -> None:
     assert proc.wait(timeout=900) == 0, log.read_text()[-3000:]
 
 
-@pytest.mark.slow(70)
 def test_killed_run_resumes_at_the_next_rollout_and_ends_like_an_uninterrupted_one(ray_cluster, tiny_argv, tmp_path):
     whole, killed = tmp_path / "whole", tmp_path / "killed"
     finish(launch(tiny_argv(whole, f"{FLAGS} --save {whole}/ckpt"), ray_cluster, tmp_path / "whole.log"),

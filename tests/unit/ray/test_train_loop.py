@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
 from safetensors.torch import load_file
 
 import train_diffusion
@@ -33,7 +32,6 @@ def weight_syncs(run_dir) -> list[dict]:
     return [r for r in rows if "perf/weight_sync_time" in r]
 
 
-@pytest.mark.slow(45)
 def test_two_sharded_offloaded_rank_runs_keep_parity_exact_repeat_bit_for_bit_and_eval_on_their_interval(
         ray_cluster, tiny_argv, tmp_path):
     """FSDP2 over the 2 ranks, both sides offloaded between their phases, weights gathered per
@@ -67,7 +65,6 @@ def test_two_sharded_offloaded_rank_runs_keep_parity_exact_repeat_bit_for_bit_an
         assert (tmp_path / "a" / name).exists(), name
 
 
-@pytest.mark.slow(18)
 def test_lora_parity_is_exact_when_synced_and_a_skipped_weight_push_breaks_it(ray_cluster, tiny_argv, tmp_path):
     rows = run(tiny_argv, tmp_path, f"{RANKS[1]} --num-rollout 3 --use-lora --lora-rank 4 "
                                     "--debug-skip-weight-update-at 0")
@@ -83,7 +80,6 @@ def test_lora_parity_is_exact_when_synced_and_a_skipped_weight_push_breaks_it(ra
     assert all(s["perf/weight_sync_engine_staging_bytes"] == s["perf/weight_sync_bytes"] > 0 for s in syncs)
 
 
-@pytest.mark.slow(20)
 def test_skipped_optimizer_steps_keep_parity(ray_cluster, tiny_argv, tmp_path):
     rows = run(tiny_argv, tmp_path, f"{RANKS[1]} --num-rollout 2 --debug-skip-optimizer-step "
                                     "--weight-sync object-store")
@@ -93,7 +89,6 @@ def test_skipped_optimizer_steps_keep_parity(ray_cluster, tiny_argv, tmp_path):
     assert rows[0]["train/grad_norm"] > 0
 
 
-@pytest.mark.slow(18)
 def test_rollout_only_generates_and_scores_without_training(ray_cluster, tiny_argv, tmp_path):
     rows = run(tiny_argv, tmp_path, "--num-rollout 2 --debug-rollout-only --start-rollout-id 3 --num-rollout 5")
     assert [r["rollout_id"] for r in rows] == [3, 4]

@@ -63,7 +63,6 @@ def test_cpu_engines_ask_ray_for_a_fraction_of_a_cpu_and_gpu_engines_for_their_g
     assert engine_actor_options(_args(checkpoint(), device="cuda", rollout_num_gpus_per_engine=2))["num_gpus"] == 2
 
 
-@pytest.mark.slow(20)
 def test_ray_actor_engine_returns_the_same_trajectories_as_a_local_engine(checkpoint, local_ray):
     ray = local_ray
     actor = create_engine_actor(_args(checkpoint()), num_threads=1)

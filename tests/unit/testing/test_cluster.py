@@ -11,7 +11,6 @@ def test_free_ports_are_distinct():
     assert len(set(ports)) == 8
 
 
-@pytest.mark.slow(15)
 def test_two_node_cluster_starts_reports_both_nodes_and_leaves_nothing_behind(tmp_path):
     cluster = LocalRayCluster(nodes=2, cpus_per_node=1)
     try:

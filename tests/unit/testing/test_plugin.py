@@ -78,28 +78,7 @@ def test_markers_are_registered_so_strict_markers_accepts_them(pytester):
     result = pytester.runpytest_subprocess("-p", "miles.testing", "--strict-markers", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=1)
     markers = pytester.runpytest_subprocess("-p", "miles.testing", "--markers")
-    markers.stdout.fnmatch_lines(["*gpu(n)*", "*nightly*", "*slow(seconds)*"])
-
-
-def test_under_xdist_the_longest_tests_start_first_and_the_rest_keep_their_order(pytester):
-    pytester.makepyfile(textwrap.dedent('''
-        import pytest
-        def test_a(): pass
-        @pytest.mark.slow(5)
-        def test_b(): pass
-        def test_c(): pass
-        @pytest.mark.slow(50)
-        def test_d(): pass
-    '''))
-    # one worker runs the tests in the order it collected them
-    result = pytester.runpytest_subprocess("-p", "miles.testing", "--strict-markers", "-p", "no:cacheprovider",
-                                           "-n", "1", "-v")
-    result.assert_outcomes(passed=4)
-    ran = re.findall(r"PASSED .*::(test_\w)", result.stdout.str())
-    assert ran == ["test_d", "test_b", "test_a", "test_c"]
-    # without xdist, collection order
-    plain = pytester.runpytest_subprocess("-p", "miles.testing", "-p", "no:cacheprovider", "-v")
-    assert re.findall(r"::(test_\w) PASSED", plain.stdout.str()) == ["test_a", "test_b", "test_c", "test_d"]
+    markers.stdout.fnmatch_lines(["*gpu(n)*", "*nightly*"])
 
 
 def test_cases_json_lists_every_collected_case_for_ci(pytester, tmp_path):
@@ -128,7 +107,6 @@ def test_gpu_case_skips_with_its_reason_without_nvml_and_cpu_case_runs(pytester,
     assert json.loads((tmp_path / "results" / "run_fixture-gpu.json").read_text())["outcome"] == "skipped"
 
 
-@pytest.mark.slow(13)
 def test_standards_are_written_only_on_request_and_then_compared_strictly(pytester):
     scratch_repo(pytester, GOOD_RECIPE)
     standard = pytester.path / "standards" / "run_fixture-cpu.json"
@@ -214,7 +192,6 @@ def test_recipe_without_snapshot_fails_naming_the_command_that_records_it(pytest
     assert "pytest 'tests/e2e/test_dry.py::test_dry[run_fresh-dry]' --snapshot-update" in out
 
 
-@pytest.mark.slow(10)
 def test_editing_one_flag_fails_only_that_recipes_snapshot_and_snapshot_update_fixes_it(pytester):
     copy_repo(pytester, {"run_one.py": TINY.read_text(), "run_two.py": TINY.read_text()})
     pytester.runpytest_subprocess("-p", "miles.testing", "tests/e2e", "--snapshot-update").assert_outcomes(passed=2)
@@ -245,7 +222,6 @@ def test_locked_flag_overridden_by_extra_args_is_caught(pytester):
     result.stdout.fnmatch_lines(["*--lr*"])
 
 
-@pytest.mark.slow(12)
 def test_other_environment_names_what_changed_first_and_still_fails_on_parity_or_a_missing_signal(
         pytester, monkeypatch):
     scratch_repo(pytester, GOOD_RECIPE)

@@ -77,7 +77,6 @@ SECRET_COUNT_TRAIN = textwrap.dedent("""
 """)
 
 
-@pytest.mark.slow(40)
 @pytest.mark.timeout(420)
 def test_train_role_waits_for_a_worker_node_a_failed_job_exits_non_zero_and_no_secret_is_in_any_file(tmp_path):
     """Also issue 11's one secret rule: secrets from the shell, --extra-env-vars and --secret-env reach
@@ -131,7 +130,6 @@ def test_train_role_waits_for_a_worker_node_a_failed_job_exits_non_zero_and_no_s
         _end_everything(procs, [(out, HEAD_ROLE), (worker_out, WORKER_ROLE)])
 
 
-@pytest.mark.slow(28)
 @pytest.mark.timeout(300)
 def test_successful_job_exits_0_key_reaches_job_and_cluster_is_ended(tmp_path, train_script):
     out, log_path = tmp_path / "out", tmp_path / "train.log"
@@ -154,7 +152,6 @@ def test_successful_job_exits_0_key_reaches_job_and_cluster_is_ended(tmp_path, t
         _end_everything([train], [(out, HEAD_ROLE)])
 
 
-@pytest.mark.slow(25)
 @pytest.mark.timeout(300)
 def test_sigterm_during_the_job_stops_it_and_ends_the_cluster(tmp_path):
     sleepy = tmp_path / "sleepy_train.py"
@@ -171,7 +168,6 @@ def test_sigterm_during_the_job_stops_it_and_ends_the_cluster(tmp_path):
         _end_everything([train], [(out, HEAD_ROLE)])
 
 
-@pytest.mark.slow(30)
 @pytest.mark.timeout(300)
 def test_external_ray_only_submits_and_leaves_the_cluster_running(tmp_path, train_script):
     from miles.utils.external_utils.local_cluster import start_node, stop_node
