@@ -176,7 +176,10 @@ def test_a_forty_case_suite_packs_onto_two_nodes_of_logical_gpus(cluster, tmp_pa
     cluster.ensure_gpu_nodes(2)
     assert len(cluster.gpu_nodes()) == 2, "this test plans for exactly 2 x 4 GPUs"
     entries = forty_cases()
-    idle = os.getloadavg()[0] < (os.cpu_count() or 1)
+    # alone on the machine: no other xdist worker (a load average can dip below the core count
+    # for a minute while the other worker sleeps between its tests' processes)
+    alone = os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") == "1"
+    idle = alone and os.getloadavg()[0] < (os.cpu_count() or 1)
     proc, out = run_suite(cluster, tmp_path, entries, env_address=True)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     assert device_problems(entries, records(out, entries)) == []
@@ -225,8 +228,11 @@ def test_a_dead_node_fails_only_its_cases_and_retry_reruns_them_elsewhere(cluste
     recorded = records(out, entries)
     rerun = {name for name, rec in recorded.items() if rec["attempt"] == 2}
     assert "killer" in rerun and 1 <= len(rerun) <= GPUS_PER_NODE, sorted(rerun)
+    # every rerun went to the one node left; a neighbour that finished on the killer's node before
+    # it died was not rerun, so that node may be among the non-rerun cases' nodes as well
     survivor = {rec["node_id"] for name, rec in recorded.items() if name not in rerun}
-    assert {recorded[name]["node_id"] for name in rerun} == survivor
+    rerun_nodes = {recorded[name]["node_id"] for name in rerun}
+    assert len(rerun_nodes) == 1 and rerun_nodes <= survivor, (rerun_nodes, survivor)
     summary = (out / "summary.md").read_text()
     assert f"{len(rerun)} cases lost with them, {len(rerun)} rerun elsewhere" in summary
     assert summary.count("(rerun: node lost)") == len(rerun)
