@@ -130,7 +130,8 @@ class Side:
         return free_ports(1)[0]
 
     def plan(self, buffer_bytes: int):
-        from miles.backends.weight_buckets import plan_buckets, synced_tensors
+        from miles.backends.weight_buckets import plan_buckets
+        from miles.backends.weight_sync import synced_tensors
 
         return plan_buckets(synced_tensors({COMPONENT: self.module}, [COMPONENT], False), torch.float32, buffer_bytes)
 

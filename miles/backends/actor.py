@@ -51,7 +51,7 @@ from miles.backends.optimizer import build_optimizer, clip_gradients, learning_r
 from miles.backends.train_offload import TrainOffload, resident
 from miles.backends.sft import SFTBatch, SFTRankStep
 from miles.backends.types import RolloutBatch, TrainResult
-from miles.backends.weight_sync import WeightUpdate, collect_weight_updates, sync_components
+from miles.backends.weight_sync import WeightUpdate, collect_weight_updates, sync_components, synced_tensors
 from miles.utils import phases
 from miles.rollout.sampler import expert_phases
 from miles.rollout.sde import largest_sigma_below_one, sde_step_on_host
@@ -412,6 +412,10 @@ class TrainRank:
 
     # -- weights out --------------------------------------------------------------------------
 
+    def synced_tensors(self) -> list[tuple[str, str, torch.Tensor]]:
+        """What a weight update reads: the compute copy's trained tensors (LoRA: the adapters)."""
+        return synced_tensors(self.fmodel.transformers, self.components, lora_only=self.lora is not None)
+
     def weight_updates(self) -> list[WeightUpdate]:
         """The trained components as the engines hold them: from the compute copy when there is one
         (the compute dtype is the rollout dtype), so engines receive weights in --rollout-dtype.
@@ -421,8 +425,8 @@ class TrainRank:
             if not self.sharded:
                 return collect_weight_updates(self.fmodel.transformers, self.components, lora_only=lora_only)
             dtype = torch_dtype(self.args.compute_dtype)
-            return [WeightUpdate(c, dict(fsdp.iter_full_parameters(self.model.transformers[c], lora_only, dtype)),
-                                 lora_only) for c in self.components]
+            return collect_weight_updates(self.model.transformers, self.components, lora_only,
+                                          to_host=lambda t: fsdp.full_tensor(t).to("cpu", dtype=dtype, copy=True))
 
     def trained_state(self) -> dict[str, torch.Tensor]:
         """Every trained tensor by `<component>.<param name>`, whole CPU copies (tests compare runs with

@@ -30,12 +30,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Iterator
 
 import torch
 import torch.distributed as dist
 
-from miles.backends.lora import is_lora_param
 
 BACKEND = "fsdp"
 MANIFEST = "rank0.json"
@@ -120,17 +118,6 @@ def clip_gradients(params: list[torch.nn.Parameter], max_norm: float) -> float:
 def full_tensor(tensor: torch.Tensor) -> torch.Tensor:
     """The whole tensor of a sharded parameter (a collective: every rank must call it)."""
     return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
-
-
-def iter_full_parameters(module: torch.nn.Module, lora_only: bool, dtype: torch.dtype | None = None
-                         ) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, whole tensor on the host) one parameter at a time: the most a rank gathers at once
-    is one parameter. Every rank must drain the iterator (each item is a collective)."""
-    for name, p in module.named_parameters():
-        if lora_only and not is_lora_param(name):
-            continue
-        whole = full_tensor(p.detach())
-        yield name, whole.to(device="cpu", dtype=dtype or whole.dtype, copy=True)
 
 
 def check_same_expert_sequence(experts: list[str], world_size: int) -> None:

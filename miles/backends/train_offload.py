@@ -16,7 +16,6 @@ from typing import Iterator
 
 import torch
 
-from miles.backends.weight_buckets import synced_tensors
 from miles.models.offload import StorageOffload, module_tensors, optimizer_tensors, own_storage
 
 
@@ -36,11 +35,8 @@ class TrainOffload:
                 for m in model.parts.values() if isinstance(m, torch.nn.Module)]
 
     def synced_tensors(self) -> list[torch.Tensor]:
-        """What a weight update reads (the trained tensors, or only the LoRA adapters): all a rank
-        needs back to hand its weights to the engines."""
-        rank = self.rank
-        return [t for _, _, t in synced_tensors(rank.fmodel.transformers, rank.components,
-                                                lora_only=rank.lora is not None)]
+        """All a rank needs back to hand its weights to the engines."""
+        return [t for _, _, t in self.rank.synced_tensors()]
 
     def model_tensors(self) -> list[torch.Tensor]:
         return module_tensors(self.modules())

@@ -2,8 +2,8 @@
 
 Pure tensor code; the process group that carries the buckets is `miles.backends.sync_group`.
 
-Order, the same on every process. The synced components in `sync_components` order, each
-component's tensors in its `named_parameters()` order (LoRA: the adapter tensors only), then
+Order, the same on every process: `weight_sync.synced_tensors`' order (the synced components in
+order, each one's `named_parameters()`; LoRA: the adapter tensors only), then
 grouped by wire dtype, stably (the dtype met first goes first). Consecutive tensors of one dtype
 fill a bucket of at most `buffer_bytes`; a tensor bigger than the buffer is a bucket of its own.
 
@@ -24,12 +24,13 @@ receiver likewise, and receives a big tensor straight into the engine's own tens
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from dataclasses import dataclass
+import math
+from typing import Callable
 
 import torch
 
-from miles.backends.lora import is_lora_param
+from miles.backends.fsdp import full_tensor
 
 Transfer = Callable[[torch.Tensor], None]  # broadcasts a uint8 tensor: sends it, or fills it
 
@@ -78,22 +79,13 @@ class Staging:
 
     held: int = 0
     peak: int = 0
-    history: list[int] = field(default_factory=list)
 
     def hold(self, nbytes: int) -> None:
         self.held += nbytes
         self.peak = max(self.peak, self.held)
-        self.history.append(self.held)
 
     def release(self, nbytes: int) -> None:
         self.held -= nbytes
-
-
-def synced_tensors(transformers: dict[str, torch.nn.Module], components: Iterable[str],
-                   lora_only: bool) -> list[tuple[str, str, torch.Tensor]]:
-    """(component, name, tensor) of every tensor a weight update carries, in the plan's base order."""
-    return [(component, name, p.detach()) for component in components
-            for name, p in transformers[component].named_parameters() if not lora_only or is_lora_param(name)]
 
 
 def wire_dtype(dtype: torch.dtype, engine_dtype: torch.dtype) -> torch.dtype:
@@ -118,7 +110,7 @@ def _fill(dtype: torch.dtype, entries: list[tuple[str, str, tuple[int, ...]]], b
     itemsize = torch.empty(0, dtype=dtype).element_size()
     buckets, slots, used = [], [], 0
     for component, tensor_name, shape in entries:
-        nbytes = itemsize * _numel(shape)
+        nbytes = itemsize * math.prod(shape)
         if slots and used + nbytes > buffer_bytes:
             buckets.append(Bucket(name, used, tuple(slots)))
             slots, used = [], 0
@@ -129,24 +121,15 @@ def _fill(dtype: torch.dtype, entries: list[tuple[str, str, tuple[int, ...]]], b
     return buckets
 
 
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
-
-
 def _as_bytes(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1).view(torch.uint8)
 
 
 def _gathered(t: torch.Tensor, staging: Staging) -> tuple[torch.Tensor, int]:
     """The whole tensor on this rank, and the bytes gathering it allocated (0 for a plain one)."""
-    from torch.distributed.tensor import DTensor
-
-    if not isinstance(t, DTensor):
+    full = full_tensor(t)
+    if full is t:
         return t, 0
-    full = t.full_tensor()
     nbytes = full.numel() * full.element_size()
     staging.hold(nbytes)
     return full, nbytes

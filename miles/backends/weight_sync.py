@@ -9,6 +9,7 @@ names, so the engine copies them into the same-named tensors in place.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable, Iterable
 
 import torch
 
@@ -34,14 +35,23 @@ def sync_components(transformer_components: tuple[str, ...], target_modules: lis
     return [c for c in transformer_components if c in target_modules]
 
 
-def collect_weight_updates(transformers: dict[str, torch.nn.Module], components: list[str],
-                           lora_only: bool) -> list[WeightUpdate]:
-    updates = []
-    for component in components:
-        named = transformers[component].named_parameters()
-        state = {n: p.detach().to("cpu", copy=True) for n, p in named if not lora_only or is_lora_param(n)}
-        updates.append(WeightUpdate(component, state, lora_only))
-    return updates
+def synced_tensors(transformers: dict[str, torch.nn.Module], components: Iterable[str],
+                   lora_only: bool) -> list[tuple[str, str, torch.Tensor]]:
+    """(component, name, tensor) of every tensor a weight update carries, in a fixed order: the
+    components in order, each one's `named_parameters()` (LoRA: the adapter tensors only)."""
+    return [(component, name, p.detach()) for component in components
+            for name, p in transformers[component].named_parameters() if not lora_only or is_lora_param(name)]
+
+
+def collect_weight_updates(transformers: dict[str, torch.nn.Module], components: list[str], lora_only: bool,
+                           to_host: Callable[[torch.Tensor], torch.Tensor] | None = None) -> list[WeightUpdate]:
+    """The update of each component as CPU copies; `to_host` makes one tensor's copy (default a
+    plain copy; a sharded rank gathers first, one parameter at a time)."""
+    to_host = to_host or (lambda t: t.to("cpu", copy=True))
+    states: dict[str, dict[str, torch.Tensor]] = {c: {} for c in components}
+    for component, name, tensor in synced_tensors(transformers, components, lora_only):
+        states[component][name] = to_host(tensor)
+    return [WeightUpdate(c, states[c], lora_only) for c in components]
 
 
 @torch.no_grad()

@@ -8,7 +8,7 @@ from miles.backends.actor import TrainRank, torch_dtype
 from miles.backends.lora import LoraSpec
 from miles.backends.train_offload import resident
 from miles.backends.sync_group import SyncGroupAddress, WeightSender
-from miles.backends.weight_buckets import BucketPlan, plan_buckets, send_buckets, synced_tensors
+from miles.backends.weight_buckets import BucketPlan, plan_buckets, send_buckets
 from miles.backends.types import RolloutBatch, TrainResult
 from miles.ray import faults
 from miles.ray.faults import wait_for
@@ -30,13 +30,9 @@ class TrainActor(TrainRank):
         host = ray.util.get_node_ip_address()
         return host, free_ports(1, host)[0]
 
-    def _synced_tensors(self) -> list:
-        # what weight_updates() sends: the compute copy, whose dtype is the engines'
-        return synced_tensors(self.fmodel.transformers, self.components, lora_only=self.lora is not None)
-
     def weight_bucket_plan(self, buffer_bytes: int) -> BucketPlan:
         with resident(self.offload, optimizer=False, synced_only=True):  # the plan reads shapes and dtypes
-            return plan_buckets(self._synced_tensors(), torch_dtype(self.args.rollout_dtype), buffer_bytes)
+            return plan_buckets(self.synced_tensors(), torch_dtype(self.args.rollout_dtype), buffer_bytes)
 
     def join_weight_sync(self, address: SyncGroupAddress, plan: BucketPlan) -> None:
         self.bucket_plan = plan
@@ -46,7 +42,7 @@ class TrainActor(TrainRank):
         """Rank 0 packs and broadcasts; the others only take part in gathering sharded tensors.
         Returns the most staging bytes this rank held at once."""
         with resident(self.offload, optimizer=False, synced_only=True):  # --offload-train
-            tensors = {(c, n): t for c, n, t in self._synced_tensors()}
+            tensors = {(c, n): t for c, n, t in self.synced_tensors()}
             if self.weight_sender is not None:
                 return self.weight_sender.send(tensors).peak
             return send_buckets(self.bucket_plan, tensors, None, self.device).peak

@@ -62,7 +62,6 @@ import struct
 from argparse import Namespace
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 GIB = 1024 ** 3
 DEFAULT_GPU_MEMORY_GB = 80.0
@@ -308,11 +307,10 @@ def _train_rank(ns: Namespace, plan, facts: ModelFacts, geo: Geometry) -> tuple[
         kept_copy = kept + [n for n in comps if n.startswith("text_encoder")]
     else:
         kept_copy = kept
-    trained = [n for n in (ns.update_weight_target_module or transformers) if n in comps]
+    trained = _trained(ns, facts)
     model_params = sum(comps[n].params for n in kept)
     if ns.use_lora:
-        t_params = sum(int(ns.lora_rank * geo.lora_linears_per_block * comps[n].hidden) * comps[n].blocks
-                       for n in trained)
+        t_params = _lora_params(ns, facts, geo, trained)
         what = f"LoRA rank {ns.lora_rank} on {'+'.join(trained)}"
     else:
         t_params = sum(comps[n].params for n in trained)

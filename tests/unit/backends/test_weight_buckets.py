@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from miles.backends.weight_buckets import (
-    BucketPlan, Staging, engine_targets, plan_buckets, receive_buckets, send_buckets, synced_tensors,
+    BucketPlan, Staging, engine_targets, plan_buckets, receive_buckets, send_buckets,
 )
-from miles.backends.weight_sync import apply_weight_update, collect_weight_updates
+from miles.backends.weight_sync import apply_weight_update, collect_weight_updates, synced_tensors
 from weight_sync_models import LoraLike, bit_equal, perturbed, state
 
 
