@@ -164,11 +164,13 @@ def train(args: Namespace, plan: BatchPlan) -> int:
     plot_curves(args.run_dir)
     save_image_grid(rollout.last_images, Path(args.run_dir) / "last_rollout.png",
                     captions=getattr(rollout, "last_captions", None))  # SFT: no images, no captions
+    phases.mark("driver_outputs_written")
     rollout.shutdown()
     if trainer is not None:
         trainer.shutdown()
     if pg is not None:
         ray.util.remove_placement_group(pg)
+    phases.mark("driver_end")
     return 0
 
 

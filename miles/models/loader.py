@@ -25,8 +25,8 @@ from miles.utils.schedule import (
     calculate_shift, edm_flow_sigmas, expert_index_for_step, flow_match_config, flow_match_sigmas,
 )
 
-quiet_libraries()
 logger = logging.getLogger(__name__)
+SCHEDULER = "scheduler"  # the component whose config holds the sigma schedule
 
 
 class CheckpointError(ValueError):
@@ -54,6 +54,9 @@ def _check_shapes(name: str, folder: Path, module: torch.nn.Module) -> None:
 
 
 def _load_component(name: str, library: str, class_name: str, folder: Path, dtype: torch.dtype):
+    # here rather than at import: the trainer's driver imports this module (with the actor classes)
+    # and never loads a model; diffusers and transformers take it 2 s to import
+    quiet_libraries()
     try:
         cls = load_callable(f"{library}:{class_name}", f"component {name!r}: class")
     except DottedPathError as e:
@@ -76,7 +79,7 @@ def _load_component(name: str, library: str, class_name: str, folder: Path, dtyp
 
 
 def read_scheduler_config(path: Path) -> dict[str, Any]:
-    config_file = path / "scheduler" / "scheduler_config.json"
+    config_file = path / SCHEDULER / "scheduler_config.json"
     if not config_file.is_file():
         raise CheckpointError(f"checkpoint {path} has no scheduler/scheduler_config.json")
     return json.loads(config_file.read_text())
@@ -102,7 +105,6 @@ class DiffusionModel:
         self.transformers: dict[str, torch.nn.Module] = {n: parts[n] for n in spec.transformer_components}
         self.text_encoders = {n: m for n, m in parts.items() if n.startswith("text_encoder") and m is not None}
         self.vae = parts["vae"]
-        self.scheduler = parts["scheduler"]
         self.edm = spec.module.facts.edm_sigmas  # the pipeline samples in EDM coordinates (Cosmos2)
         self.scheduler_config = flow_match_config(read_scheduler_config(path), edm=self.edm)
         self._warned_shift: set[float] = set()
@@ -301,7 +303,9 @@ def load_model(path: str | Path, family: str | None = None, device: str | torch.
             raise CheckpointError(f"checkpoint {path} has no {name!r} component (model_index.json)")
     parts: dict[str, Any] = {}
     for name, (library, class_name) in sorted(listed.items()):
-        if library is None:
+        if library is None or name == SCHEDULER:
+            # the schedule is computed from the scheduler's config (read_scheduler_config); diffusers'
+            # scheduler object would go unused, and building it imports scipy.stats (1.2 s a process)
             parts[name] = None
             continue
         folder = path / name

@@ -66,6 +66,9 @@ BREAKDOWN = (
     ("actors start-up (placement to all ready)", "driver_imports_done", "actors_ready"),
     ("training loop", "loop_start", "loop_end"),
     ("driver shutdown until the job ends", "loop_end", "job_end"),
+    ("  curves and sample grid written", "loop_end", "driver_outputs_written"),
+    ("  actors and placement group released", "driver_outputs_written", "driver_end"),
+    ("  driver exit until the launcher sees the job end", "driver_end", "job_end"),
     ("teardown (cluster ended)", "job_end", "teardown_end"),
 )
 

@@ -5,6 +5,8 @@ appear on a command line (where `ps` and shell history would show them)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import shlex
 import sys
@@ -50,8 +52,20 @@ class _JobOutput:
         self.log = open(log_path, "a") if log_path is not None else None
         self.log_path = log_path
         self.last_lines: list[str] = []
+        self.streamed: list[str] = []  # as Ray sent it, before redaction: what the job's log file starts with
+
+    def write_rest(self, whole_log: str) -> None:
+        """Once the job has ended: what of its log file the stream had not delivered yet."""
+        streamed = "".join(self.streamed)
+        if whole_log.startswith(streamed):
+            if len(whole_log) > len(streamed):
+                self.write(whole_log[len(streamed):])
+            return
+        self.write("\n[the streamed output and the job's log file disagree; the whole log file follows]\n")
+        self.write(whole_log)
 
     def write(self, chunk: str) -> None:
+        self.streamed.append(chunk)
         chunk = redact_text(chunk, self.secrets)
         sys.stdout.write(chunk)
         sys.stdout.flush()
@@ -78,8 +92,6 @@ def submit_and_follow(request: JobRequest, log_path: Path | None = None, secrets
 
     Ctrl-C stops the job and returns 130.
     """
-    import asyncio
-
     from ray.job_submission import JobSubmissionClient
 
     client = JobSubmissionClient(request.address)
@@ -88,7 +100,7 @@ def submit_and_follow(request: JobRequest, log_path: Path | None = None, secrets
     )
     output = _JobOutput(log_path, list(secrets))
     try:
-        asyncio.run(_stream_logs(client, job_id, output))
+        asyncio.run(_follow_until_ended(client, job_id, output))
         status = _exit_status(client, job_id)
         if status != 0:
             cause = output.cause() or "see the log above"
@@ -101,6 +113,26 @@ def submit_and_follow(request: JobRequest, log_path: Path | None = None, secrets
         return INTERRUPTED_EXIT_CODE
     finally:
         output.close()
+
+
+async def _follow_until_ended(client, job_id: str, output: _JobOutput, poll_s: float = 0.2) -> None:
+    """Stream the job's output until the job has ended. Ray closes its log stream only after a
+    1 s sleep past the status change (measured: 2.3 s after the job was already SUCCEEDED, on every
+    run), so the status is polled beside the stream, and once it is final the rest of the log is
+    read from the job's log file, which is complete when the driver process has exited."""
+    stream = asyncio.ensure_future(_stream_logs(client, job_id, output))
+    while not stream.done():
+        info = await asyncio.to_thread(client.get_job_info, job_id)
+        if info.status.is_terminal():
+            break
+        await asyncio.wait({stream}, timeout=poll_s)
+    if stream.done():
+        stream.result()  # the stream's own error, if it failed
+        return
+    stream.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await stream
+    output.write_rest(await asyncio.to_thread(client.get_job_logs, job_id))
 
 
 async def _stream_logs(client, job_id: str, output: _JobOutput) -> None:

@@ -368,7 +368,7 @@ def _run_launch(
               file=sys.stderr, flush=True)
     finally:
         if record is not None:
-            stop_node(record, remove_temp_dir=status == 0)
+            stop_node(record, succeeded=status == 0)
         phases.mark("teardown_end")
     job_ran = attempts[-1].exit is not None  # a job ended or was stopped (not a launch error before it)
     if job_ran:
@@ -413,7 +413,7 @@ def _restart(launch: _Launch, record: LaunchRecord | None, config: ExecuteTrainC
           + (f"from {found[1]} (rollout {found[0]}, resuming at {found[0] + 1})" if found
              else "from the start (no committed checkpoint)"), file=sys.stderr, flush=True)
     if record is not None:
-        stop_node(record, remove_temp_dir=False)
+        stop_node(record)
     argv = list(launch.plan.argv) + (["--load", save] if found else [])
     attempts.append(restarts.Attempt(n, load=save if found else None,
                                      resumed_from_rollout=found[0] + 1 if found else None))
