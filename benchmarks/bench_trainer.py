@@ -12,13 +12,16 @@ alike; the medians are compared. Ray start-up (cluster, actor, model load) is re
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
+REPO = Path(__file__).resolve().parents[1]
 FLAGS = ("--rollout-batch-size 4 --n-samples-per-prompt 8 --diffusion-height 64 --diffusion-width 64 "
          "--diffusion-num-steps 8 --diffusion-num-sde-steps 2 --rm-type color_match --device cpu "
          "--micro-batch-size 8 --num-rollout 1 --lr 1e-4 --colocate "
@@ -26,25 +29,14 @@ FLAGS = ("--rollout-batch-size 4 --n-samples-per-prompt 8 --diffusion-height 64 
 
 
 def make_batch(args):
-    from miles.models.runtime import CPU_THREADS_PER_ACTOR
-    from miles.backends.loss import compute_advantages
-    from miles.backends.types import RolloutBatch
-    from miles.ray.rollout_manager import sample_seed, without_images
-    from miles.rollout.data import PromptDataset
-    from miles.rollout.engine import RolloutEngine
-    from miles.rollout.rm_hub.pool import LocalRewardScorer
-    from miles.rollout.rm_hub.types import RewardSample
-    from miles.rollout.types import SampleRequest
+    """The tiny run's first rollout, scored, without the images (the trainer never sees them)."""
+    sys.path.insert(0, str(REPO / "tests/unit/backends"))
+    from dtype_helpers import one_rollout
 
-    engine = RolloutEngine.from_args(args, num_threads=CPU_THREADS_PER_ACTOR)
-    items = PromptDataset.from_args(args).next_batch(args.rollout_batch_size)
-    requests = [SampleRequest(it.prompt, g, j, sample_seed(args.rollout_seed, 0, g, j), dict(it.metadata))
-                for g, it in enumerate(items) for j in range(args.n_samples_per_prompt)]
-    steps = [0, 1]
-    trajectories = engine.generate(requests, steps, False)
-    rewards = LocalRewardScorer(args).score([RewardSample(t.prompt, t.image, t.metadata) for t in trajectories])
-    advantages = compute_advantages(torch.tensor(rewards), args.n_samples_per_prompt)
-    return RolloutBatch(0, without_images(trajectories), rewards, advantages.tolist(), steps)
+    from miles.ray.rollout_manager import without_images
+
+    batch = one_rollout(args, debug=False)
+    return dataclasses.replace(batch, trajectories=without_images(batch.trajectories))
 
 
 class PlainLoop:

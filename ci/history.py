@@ -15,6 +15,7 @@ import statistics
 from dataclasses import dataclass, field, fields
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Callable, Literal
 
 import yaml
 
@@ -223,29 +224,28 @@ def _median(rows: list[sqlite3.Row], column: str) -> float | None:
 
 
 def _compare_throughput(verdict: Verdict, m: Measurement, baseline, limits: Thresholds) -> None:
-    base = _median(baseline, "throughput")
-    if base is None or m.throughput is None or base <= 0:
-        return
-    change = m.throughput / base - 1.0
-    line = (f"throughput {m.throughput:.4g} vs {base:.4g} (median of {len(baseline)}): "
-            f"{change:+.1%}")
-    if change < -limits.throughput_drop:
-        verdict.status = "fail"
-        verdict.messages.append(f"{line}, allowed -{limits.throughput_drop:.0%}")
-    else:
-        verdict.messages.append(line)
+    _compare(verdict, "throughput", m.throughput, baseline, "throughput", lambda v: f"{v:.4g}",
+             fails_on="drop", limit=limits.throughput_drop)
 
 
 def _compare_memory(verdict: Verdict, m: Measurement, baseline, limits: Thresholds) -> None:
-    base = _median(baseline, "peak_memory")
-    if base is None or m.peak_memory is None or base <= 0:
+    _compare(verdict, "peak memory", m.peak_memory, baseline, "peak_memory", _mib,
+             fails_on="rise", limit=limits.memory_rise)
+
+
+def _compare(verdict: Verdict, label: str, value: float | None, baseline, column: str,
+             show: Callable[[float], str], *, fails_on: Literal["drop", "rise"], limit: float) -> None:
+    """One measurement against the median of its baseline: a change past `limit` in the
+    direction `fails_on` fails the verdict; any change is reported."""
+    base = _median(baseline, column)
+    if base is None or value is None or base <= 0:
         return
-    change = m.peak_memory / base - 1.0
-    line = (f"peak memory {_mib(m.peak_memory)} vs {_mib(base)} (median of {len(baseline)}): "
-            f"{change:+.1%}")
-    if change > limits.memory_rise:
+    change = value / base - 1.0
+    line = f"{label} {show(value)} vs {show(base)} (median of {len(baseline)}): {change:+.1%}"
+    sign = "-" if fails_on == "drop" else "+"
+    if (-change if fails_on == "drop" else change) > limit:
         verdict.status = "fail"
-        verdict.messages.append(f"{line}, allowed +{limits.memory_rise:.0%}")
+        verdict.messages.append(f"{line}, allowed {sign}{limit:.0%}")
     else:
         verdict.messages.append(line)
 

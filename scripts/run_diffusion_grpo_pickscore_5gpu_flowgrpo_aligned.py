@@ -38,7 +38,7 @@ Example:
 Resume a killed run: the same --run-id plus --extra-args "--load <output-dir>/<run-id>/checkpoints".
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal, Optional
 
 import miles.utils.external_utils.command_utils as U
@@ -52,8 +52,7 @@ LOCKED_FLAGS = {"--diffusion-clip-range": "1e-4", "--diffusion-noise-level": "0.
 
 
 @dataclass(frozen=True, kw_only=True)
-class _Scale(U.RolloutScale):
-    train_ranks: int  # GPUs (CPU slots on cpu), each holding a train rank and a rollout engine
+class _Scale(U.ColocatedScale):
     resolution: int
     sde_window_max_start: int  # the SDE window of 2 trained steps starts in 0..sde_window_max_start
     tile_samples: int  # micro-batch tile: samples x 1 timestep per forward
@@ -82,39 +81,29 @@ _SCALES: dict[str, _Scale] = {
 
 
 @dataclass
-class ScriptArgs(U.ExecuteTrainConfig):
-    scale: Literal["full", "gpu-proxy", "1gpu-proxy", "cpu-proxy"] = field(
-        default="full",
-        metadata={"help": "full: Qwen-Image and PickScore on 5 GPUs; gpu-proxy: our proxy-size qwen_image and a "
-                          "tiny CLIP on the same GPUs; 1gpu-proxy: the same on one GPU; "
-                          "cpu-proxy: our tiny qwen_image on CPU slots."},
-    )
+class ScriptArgs(U.ScaledRecipeArgs):
+    scale: Literal["full", "gpu-proxy", "1gpu-proxy", "cpu-proxy"] = U.scale_option(
+        "full: Qwen-Image and PickScore on 5 GPUs; gpu-proxy: our proxy-size qwen_image and a "
+        "tiny CLIP on the same GPUs; 1gpu-proxy: the same on one GPU; "
+        "cpu-proxy: our tiny qwen_image on CPU slots.")
     num_rollout: Optional[int] = U.num_rollout_option(_SCALES)
-    model_dir: str = U.model_dir_option()
-    data_dir: str = U.data_dir_option()
 
 
 def prepare(args: ScriptArgs) -> U.Assets:
-    """Make (once) the checkpoint, the PickScore model and the prompts; a dry run only names them."""
     return U.ensure_assets(FAMILY, _SCALES[args.scale], args, released=RELEASED_CHECKPOINT, pickscore=True)
 
 
 def execute(args: ScriptArgs, assets: U.Assets) -> None:
     scale = _SCALES[args.scale]
-    gpus_per_node = scale.train_ranks + scale.separate_reward_gpus
+    job = U.colocated_job(__file__, args, assets, FAMILY, scale, GPU_MEMORY_GB, locked_flags=LOCKED_FLAGS)
 
-    ckpt_args = U.ckpt_args(FAMILY, assets.checkpoint, args, scale.save_interval)
-
-    rollout_args = (
-        U.rollout_batch_args(assets.prompt_data, scale, args.num_rollout)
-        + f"--diffusion-height {scale.resolution} --diffusion-width {scale.resolution} "
+    rollout_args = U.rollout_batch_args(assets.prompt_data, scale, args.num_rollout) + (
+        f"--diffusion-height {scale.resolution} --diffusion-width {scale.resolution} "
         f"--diffusion-num-steps {scale.num_steps} --diffusion-num-sde-steps 2 "
         f"--diffusion-step-strategy-path sde_window --diffusion-sde-window-max-start {scale.sde_window_max_start} "
         f"--diffusion-sde-type sde --diffusion-noise-level {LOCKED_FLAGS['--diffusion-noise-level']} "
         "--diffusion-guidance-scale 4.0 "
     )
-
-    eval_args = U.eval_args(assets.eval_prompt_data, scale.eval_interval)
 
     grpo_args = U.flow_grpo_args(clip_range=LOCKED_FLAGS["--diffusion-clip-range"])
 
@@ -122,24 +111,10 @@ def execute(args: ScriptArgs, assets: U.Assets) -> None:
 
     lora_args = "--use-lora --lora-rank 64 --lora-alpha 128 "
 
-    reward_args = U.pickscore_args(assets.pickscore, scale)
-
-    engine_args = U.engine_args(scale.train_ranks)
-
-    train_backend_args = U.train_backend_args(scale.dtype, sharded=scale.sharded)
-
     perf_args = U.tile_args(scale.tile_samples) + U.gradient_checkpointing_args(scale.device)
 
-    misc_args = U.colocated_misc_args(scale, GPU_MEMORY_GB, scale.train_ranks, gpus_per_node)
-
-    train_args = " ".join([
-        ckpt_args, rollout_args, eval_args, grpo_args, optimizer_args, lora_args, reward_args, engine_args,
-        train_backend_args, perf_args, misc_args, U.get_default_wandb_args(__file__, args.run_id),
-    ])
-    U.execute_train(
-        train_args=train_args, num_gpus_per_node=scale.ray_gpus(gpus_per_node), config=args,
-        locked_flags=LOCKED_FLAGS,
-    )
+    job.execute_train(rollout_args=rollout_args, grpo_args=grpo_args, optimizer_args=optimizer_args,
+                      lora_args=lora_args, perf_args=perf_args)
 
 
 @U.dataclass_cli

@@ -56,8 +56,7 @@ _RECIPES: dict[str, _Recipe] = {
 
 
 @dataclass(frozen=True, kw_only=True)
-class _Scale(U.RolloutScale):
-    train_ranks: int  # GPUs (CPU slots on cpu), each holding a train rank and a rollout engine
+class _Scale(U.ColocatedScale):
     resolution: int
     sde_window_max_start: int  # the SDE window of 2 trained steps starts in 0..sde_window_max_start
     tile_samples: int  # micro-batch tile: samples x 1 timestep per forward
@@ -81,19 +80,15 @@ _SCALES: dict[str, _Scale] = {  # the OCR reward workers are CPU actors at every
 
 
 @dataclass
-class ScriptArgs(U.ExecuteTrainConfig):
+class ScriptArgs(U.ScaledRecipeArgs):
     model_name: Literal["sd3.5-medium", "sd3.5-large"] = field(
         default="sd3.5-medium",
         metadata={"help": "SD3.5 variant: its released checkpoint (--scale full), guidance, LoRA rank and LR."},
     )
-    scale: Literal["full", "gpu-proxy", "cpu-proxy"] = field(
-        default="full",
-        metadata={"help": "full: the released checkpoint on 2 GPUs; gpu-proxy: our proxy-size sd3 on the same "
-                          "GPUs; cpu-proxy: our tiny sd3 on CPU slots, two rollouts in about a minute."},
-    )
+    scale: Literal["full", "gpu-proxy", "cpu-proxy"] = U.scale_option(
+        "full: the released checkpoint on 2 GPUs; gpu-proxy: our proxy-size sd3 on the same "
+        "GPUs; cpu-proxy: our tiny sd3 on CPU slots, two rollouts in about a minute.")
     num_rollout: Optional[int] = U.num_rollout_option(_SCALES)
-    model_dir: str = U.model_dir_option()
-    data_dir: str = U.data_dir_option()
     kl_beta: float = field(default=0.04, metadata={"help": "Weight of the KL to the LoRA base (--diffusion-kl-beta)."})
 
 
@@ -105,18 +100,14 @@ def prepare(args: ScriptArgs) -> U.Assets:
 
 def execute(args: ScriptArgs, assets: U.Assets) -> None:
     recipe, scale = U.select_recipe(_RECIPES, args.model_name), _SCALES[args.scale]
+    job = U.colocated_job(__file__, args, assets, FAMILY, scale, GPU_MEMORY_GB)
 
-    ckpt_args = U.ckpt_args(FAMILY, assets.checkpoint, args, scale.save_interval)
-
-    rollout_args = (
-        U.rollout_batch_args(assets.prompt_data, scale, args.num_rollout, metadata=True)
-        + f"--diffusion-height {scale.resolution} --diffusion-width {scale.resolution} "
+    rollout_args = U.rollout_batch_args(assets.prompt_data, scale, args.num_rollout, metadata=True) + (
+        f"--diffusion-height {scale.resolution} --diffusion-width {scale.resolution} "
         f"--diffusion-num-steps {scale.num_steps} --diffusion-num-sde-steps 2 "
         f"--diffusion-step-strategy-path sde_window --diffusion-sde-window-max-start {scale.sde_window_max_start} "
         f"--diffusion-sde-type sde --diffusion-noise-level 0.7 --diffusion-guidance-scale {recipe.guidance_scale} "
     )
-
-    eval_args = U.eval_args(assets.eval_prompt_data, scale.eval_interval)
 
     grpo_args = (
         "--loss-type policy_loss --advantage-estimator grpo "
@@ -131,19 +122,10 @@ def execute(args: ScriptArgs, assets: U.Assets) -> None:
 
     reward_args = U.cpu_reward_args("ocr", scale.rm_num_workers)
 
-    engine_args = U.engine_args(scale.train_ranks)
-
-    train_backend_args = U.train_backend_args(scale.dtype)
-
     perf_args = U.tile_args(scale.tile_samples) + U.gradient_checkpointing_args(scale.device)
 
-    misc_args = U.colocated_misc_args(scale, GPU_MEMORY_GB, scale.train_ranks, scale.train_ranks)
-
-    train_args = " ".join([
-        ckpt_args, rollout_args, eval_args, grpo_args, optimizer_args, lora_args, reward_args, engine_args,
-        train_backend_args, perf_args, misc_args, U.get_default_wandb_args(__file__, args.run_id),
-    ])
-    U.execute_train(train_args=train_args, num_gpus_per_node=scale.ray_gpus(scale.train_ranks), config=args)
+    job.execute_train(rollout_args=rollout_args, grpo_args=grpo_args, optimizer_args=optimizer_args,
+                      lora_args=lora_args, reward_args=reward_args, perf_args=perf_args)
 
 
 @U.dataclass_cli

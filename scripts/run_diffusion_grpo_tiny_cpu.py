@@ -66,6 +66,9 @@ def prepare(args: ScriptArgs) -> U.Assets:
 
 
 def execute(args: ScriptArgs, assets: U.Assets) -> None:
+    # a job that shares no block: every block below is this recipe's own; the job joins and launches them
+    job = U.TrainJob(__file__, args, num_gpus_per_node=args.train_ranks if args.device == "cuda" else 0)
+
     ckpt_args = U.ckpt_args(FAMILY, assets.checkpoint, args, save_interval=10)
 
     rollout_args = (
@@ -100,12 +103,11 @@ def execute(args: ScriptArgs, assets: U.Assets) -> None:
         "--diffusion-debug-mode "  # log train/rollout parity (exactly 0.0 when healthy)
     )
 
-    train_args = " ".join([
-        ckpt_args, rollout_args, eval_args, grpo_args, optimizer_args, lora_args, reward_args, engine_args,
-        train_backend_args, perf_args, misc_args, U.get_default_wandb_args(__file__, args.run_id),
-    ])
-    num_gpus = args.train_ranks if args.device == "cuda" else 0
-    U.execute_train(train_args=train_args, num_gpus_per_node=num_gpus, config=args)
+    job.execute_train(
+        ckpt_args=ckpt_args, rollout_args=rollout_args, eval_args=eval_args, grpo_args=grpo_args,
+        optimizer_args=optimizer_args, lora_args=lora_args, reward_args=reward_args, engine_args=engine_args,
+        train_backend_args=train_backend_args, perf_args=perf_args, misc_args=misc_args,
+    )
 
 
 @U.dataclass_cli

@@ -97,20 +97,16 @@ _SCALES: dict[str, _Scale] = {
 
 
 @dataclass
-class ScriptArgs(U.ExecuteTrainConfig):
+class ScriptArgs(U.ScaledRecipeArgs):
     num_nodes: Optional[int] = field(
         default=None,
         metadata={"help": "Nodes the job spans; unset: 3 at --scale full (2 train nodes of 8 GPUs + the reward "
                           "node), 1 for the proxies (the reward GPU on the train node)."},
     )
-    scale: Literal["full", "gpu-proxy", "cpu-proxy"] = field(
-        default="full",
-        metadata={"help": "full: Wan2.2 A14B on 2 nodes x 8 GPUs + 1 reward GPU; gpu-proxy: our proxy-size wan2_2 "
-                          "on one node of 4 GPUs (the CI proxy); cpu-proxy: our tiny wan2_2 on CPU slots."},
-    )
+    scale: Literal["full", "gpu-proxy", "cpu-proxy"] = U.scale_option(
+        "full: Wan2.2 A14B on 2 nodes x 8 GPUs + 1 reward GPU; gpu-proxy: our proxy-size wan2_2 "
+        "on one node of 4 GPUs (the CI proxy); cpu-proxy: our tiny wan2_2 on CPU slots.")
     num_rollout: Optional[int] = U.num_rollout_option(_SCALES)
-    model_dir: str = U.model_dir_option()
-    data_dir: str = U.data_dir_option()
     head_port: int = field(
         default=6379,
         metadata={"help": "GCS port of the Ray head `train` starts for a multi-node job (workers join "
@@ -140,7 +136,6 @@ class WorkerArgs:
 
 
 def prepare(args: ScriptArgs) -> U.Assets:
-    """Make (once) the checkpoint, the PickScore model and the prompts; a dry run only names them."""
     return U.ensure_assets(FAMILY, _SCALES[args.scale], args, released=RELEASED_CHECKPOINT, pickscore=True)
 
 
@@ -154,19 +149,27 @@ def execute(args: ScriptArgs, assets: U.Assets) -> None:
     gpus_per_node = scale.train_gpus_per_node + (0 if scale.reward_node else scale.reward_gpus)
     total_gpus = train_nodes * scale.train_gpus_per_node + scale.reward_gpus
 
-    ckpt_args = U.ckpt_args(FAMILY, assets.checkpoint, args, scale.save_interval)
+    def wait_for_every_node(cluster: U.ClusterInfo) -> None:
+        """Submit only once the train nodes and the reward GPU have all joined."""
+        U.wait_for_cluster_resources(
+            cluster.job_server_url, num_nodes=job_nodes, num_gpus=scale.ray_gpus(total_gpus),
+        )
 
-    rollout_args = (
-        U.rollout_batch_args(assets.prompt_data, scale, args.num_rollout)
-        + f"--diffusion-height {scale.height} --diffusion-width {scale.width} "
+    job = U.colocated_job(
+        __file__, dataclasses.replace(args, num_nodes=job_nodes), assets, FAMILY, scale, GPU_MEMORY_GB,
+        train_gpus=scale.train_gpus_per_node, gpus_per_node=gpus_per_node, train_nodes=train_nodes, job_nodes=job_nodes,
+        before_ray_job_submit=wait_for_every_node, ray_head_port=args.head_port if job_nodes > 1 else None,
+    )
+
+    rollout_args = U.rollout_batch_args(assets.prompt_data, scale, args.num_rollout) + (
+        f"--diffusion-height {scale.height} --diffusion-width {scale.width} "
         f"--diffusion-output-num-frames {scale.frames} "
         f"--diffusion-num-steps {scale.num_steps} --diffusion-num-sde-steps 2 "
-        f"--diffusion-step-strategy-path sde_window --diffusion-sde-window-max-start {scale.sde_window_max_start} "
+        "--diffusion-step-strategy-path sde_window "
+        f"--diffusion-sde-window-max-start {scale.sde_window_max_start} "  # may cross the expert boundary
         "--diffusion-sde-type sde --diffusion-noise-level 0.7 "
         "--diffusion-guidance-scale 4.0 --diffusion-guidance-scale-2 3.0 "  # high-noise, low-noise expert
     )
-
-    eval_args = U.eval_args(assets.eval_prompt_data, scale.eval_interval)
 
     grpo_args = U.flow_grpo_args()
 
@@ -174,36 +177,14 @@ def execute(args: ScriptArgs, assets: U.Assets) -> None:
 
     lora_args = ""  # full finetune of both experts
 
-    reward_args = U.pickscore_args(assets.pickscore, scale)
-
-    engine_args = U.engine_args(train_nodes * scale.train_gpus_per_node)
-
     train_backend_args = U.train_backend_args(scale.dtype, update_weights="transformer transformer_2",
                                                 sharded=scale.sharded)
 
     # one pair per forward: one expert
     perf_args = U.flat_micro_batch_args(1) + U.gradient_checkpointing_args(scale.device)
 
-    misc_args = U.colocated_misc_args(scale, GPU_MEMORY_GB, train_gpus=scale.train_gpus_per_node,
-                                      gpus_per_node=gpus_per_node, train_nodes=train_nodes, job_nodes=job_nodes)
-
-    def wait_for_every_node(cluster: U.ClusterInfo) -> None:
-        """Submit only once the train nodes and the reward GPU have all joined."""
-        U.wait_for_cluster_resources(
-            cluster.job_server_url, num_nodes=job_nodes, num_gpus=scale.ray_gpus(total_gpus),
-        )
-
-    train_args = " ".join([
-        ckpt_args, rollout_args, eval_args, grpo_args, optimizer_args, lora_args, reward_args, engine_args,
-        train_backend_args, perf_args, misc_args, U.get_default_wandb_args(__file__, args.run_id),
-    ])
-    U.execute_train(
-        train_args=train_args,
-        num_gpus_per_node=scale.ray_gpus(gpus_per_node),
-        config=dataclasses.replace(args, num_nodes=job_nodes),
-        before_ray_job_submit=wait_for_every_node,
-        ray_head_port=args.head_port if job_nodes > 1 else None,
-    )
+    job.execute_train(rollout_args=rollout_args, grpo_args=grpo_args, optimizer_args=optimizer_args,
+                      lora_args=lora_args, train_backend_args=train_backend_args, perf_args=perf_args)
 
 
 @U.dataclass_cli

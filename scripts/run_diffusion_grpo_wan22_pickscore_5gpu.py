@@ -32,7 +32,7 @@ Example:
 Resume a killed run: the same --run-id plus --extra-args "--load <output-dir>/<run-id>/checkpoints".
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal, Optional
 
 import miles.utils.external_utils.command_utils as U
@@ -44,8 +44,7 @@ RELEASED_CHECKPOINT = "Wan2.2-T2V-A14B-Diffusers"  # under --model-dir (--scale 
 
 
 @dataclass(frozen=True, kw_only=True)
-class _Scale(U.RolloutScale):
-    train_ranks: int  # GPUs (CPU slots on cpu), each holding a train rank and a rollout engine
+class _Scale(U.ColocatedScale):
     height: int
     width: int
     frames: int  # 4k + 1 for the Wan VAE
@@ -79,31 +78,23 @@ _SCALES: dict[str, _Scale] = {
 
 
 @dataclass
-class ScriptArgs(U.ExecuteTrainConfig):
-    scale: Literal["full", "gpu-proxy", "1gpu-proxy", "cpu-proxy"] = field(
-        default="full",
-        metadata={"help": "full: Wan2.2 A14B and PickScore on 5 GPUs; gpu-proxy: our proxy-size wan2_2 and a tiny "
-                          "CLIP on the same GPUs; cpu-proxy: our tiny wan2_2 on CPU slots."},
-    )
+class ScriptArgs(U.ScaledRecipeArgs):
+    scale: Literal["full", "gpu-proxy", "1gpu-proxy", "cpu-proxy"] = U.scale_option(
+        "full: Wan2.2 A14B and PickScore on 5 GPUs; gpu-proxy: our proxy-size wan2_2 and a tiny CLIP on the same "
+        "GPUs; cpu-proxy: our tiny wan2_2 on CPU slots.")
     num_rollout: Optional[int] = U.num_rollout_option(_SCALES)
-    model_dir: str = U.model_dir_option()
-    data_dir: str = U.data_dir_option()
 
 
 def prepare(args: ScriptArgs) -> U.Assets:
-    """Make (once) the checkpoint, the PickScore model and the prompts; a dry run only names them."""
     return U.ensure_assets(FAMILY, _SCALES[args.scale], args, released=RELEASED_CHECKPOINT, pickscore=True)
 
 
 def execute(args: ScriptArgs, assets: U.Assets) -> None:
     scale = _SCALES[args.scale]
-    gpus_per_node = scale.train_ranks + scale.separate_reward_gpus
+    job = U.colocated_job(__file__, args, assets, FAMILY, scale, GPU_MEMORY_GB)
 
-    ckpt_args = U.ckpt_args(FAMILY, assets.checkpoint, args, scale.save_interval)
-
-    rollout_args = (
-        U.rollout_batch_args(assets.prompt_data, scale, args.num_rollout)
-        + f"--diffusion-height {scale.height} --diffusion-width {scale.width} "
+    rollout_args = U.rollout_batch_args(assets.prompt_data, scale, args.num_rollout) + (
+        f"--diffusion-height {scale.height} --diffusion-width {scale.width} "
         f"--diffusion-output-num-frames {scale.frames} "
         f"--diffusion-num-steps {scale.num_steps} --diffusion-num-sde-steps 2 "
         f"--diffusion-step-strategy-path sde_window --diffusion-sde-window-max-start {scale.sde_window_max_start} "
@@ -111,31 +102,18 @@ def execute(args: ScriptArgs, assets: U.Assets) -> None:
         "--diffusion-guidance-scale 4.0 --diffusion-guidance-scale-2 3.0 "  # high-noise, low-noise expert
     )
 
-    eval_args = U.eval_args(assets.eval_prompt_data, scale.eval_interval)
-
     grpo_args = U.flow_grpo_args()
 
     optimizer_args = U.optimizer_args(lr="1e-4")
 
+    # on `transformer`, the high-noise expert: the only module the job trains and syncs
     lora_args = "--use-lora --lora-rank 32 --lora-alpha 64 "
-
-    reward_args = U.pickscore_args(assets.pickscore, scale)
-
-    engine_args = U.engine_args(scale.train_ranks)
-
-    train_backend_args = U.train_backend_args(scale.dtype, update_weights="transformer",  # the high-noise expert
-                                                sharded=scale.sharded)
 
     # 2 consecutive pairs = one sample's two trained steps, always on one expert
     perf_args = U.flat_micro_batch_args(2) + U.gradient_checkpointing_args(scale.device)
 
-    misc_args = U.colocated_misc_args(scale, GPU_MEMORY_GB, scale.train_ranks, gpus_per_node)
-
-    train_args = " ".join([
-        ckpt_args, rollout_args, eval_args, grpo_args, optimizer_args, lora_args, reward_args, engine_args,
-        train_backend_args, perf_args, misc_args, U.get_default_wandb_args(__file__, args.run_id),
-    ])
-    U.execute_train(train_args=train_args, num_gpus_per_node=scale.ray_gpus(gpus_per_node), config=args)
+    job.execute_train(rollout_args=rollout_args, grpo_args=grpo_args, optimizer_args=optimizer_args,
+                      lora_args=lora_args, perf_args=perf_args)
 
 
 @U.dataclass_cli

@@ -42,8 +42,7 @@ RELEASED_CHECKPOINT = "stable-diffusion-3.5-medium"  # under --model-dir (--scal
 
 
 @dataclass(frozen=True, kw_only=True)
-class _Scale(U.RolloutScale):
-    train_ranks: int  # GPUs (CPU slots on cpu), each holding a train rank and a rollout engine
+class _Scale(U.ColocatedScale):
     resolution: int
     tile_samples: int  # micro-batch tile: samples x 1 timestep per forward
 
@@ -66,38 +65,28 @@ _SCALES: dict[str, _Scale] = {  # num_steps: 2 of them, drawn at random, are tra
 
 
 @dataclass
-class ScriptArgs(U.ExecuteTrainConfig):
-    scale: Literal["full", "gpu-proxy", "cpu-proxy"] = field(
-        default="full",
-        metadata={"help": "full: SD3.5-Medium and PickScore on 3 GPUs; gpu-proxy: our proxy-size sd3 and a tiny "
-                          "CLIP on the same GPUs; cpu-proxy: our tiny sd3 on CPU slots."},
-    )
+class ScriptArgs(U.ScaledRecipeArgs):
+    scale: Literal["full", "gpu-proxy", "cpu-proxy"] = U.scale_option(
+        "full: SD3.5-Medium and PickScore on 3 GPUs; gpu-proxy: our proxy-size sd3 and a tiny "
+        "CLIP on the same GPUs; cpu-proxy: our tiny sd3 on CPU slots.")
     num_rollout: Optional[int] = U.num_rollout_option(_SCALES)
-    model_dir: str = U.model_dir_option()
-    data_dir: str = U.data_dir_option()
     ema_decay: float = field(default=0.995, metadata={"help": "Decay of the EMA of the trained weights (--ema-decay)."})
 
 
 def prepare(args: ScriptArgs) -> U.Assets:
-    """Make (once) the checkpoint, the PickScore model and the prompts; a dry run only names them."""
     return U.ensure_assets(FAMILY, _SCALES[args.scale], args, released=RELEASED_CHECKPOINT, pickscore=True)
 
 
 def execute(args: ScriptArgs, assets: U.Assets) -> None:
     scale = _SCALES[args.scale]
-    gpus_per_node = scale.train_ranks + scale.separate_reward_gpus
+    job = U.colocated_job(__file__, args, assets, FAMILY, scale, GPU_MEMORY_GB)
 
-    ckpt_args = U.ckpt_args(FAMILY, assets.checkpoint, args, scale.save_interval)
-
-    rollout_args = (
-        U.rollout_batch_args(assets.prompt_data, scale, args.num_rollout)
-        + f"--diffusion-height {scale.resolution} --diffusion-width {scale.resolution} "
+    rollout_args = U.rollout_batch_args(assets.prompt_data, scale, args.num_rollout) + (
+        f"--diffusion-height {scale.resolution} --diffusion-width {scale.resolution} "
         f"--diffusion-num-steps {scale.num_steps} --diffusion-num-sde-steps 2 "
         "--diffusion-step-strategy-path epoch_global_random_choice "
         "--diffusion-sde-type ode --diffusion-guidance-scale 4.5 "
     )
-
-    eval_args = U.eval_args(assets.eval_prompt_data, scale.eval_interval)
 
     grpo_args = (
         "--loss-type nft --nft-beta 1.0 --advantage-estimator grpo --diffusion-adv-clip-max 5.0 "
@@ -109,21 +98,10 @@ def execute(args: ScriptArgs, assets: U.Assets) -> None:
 
     lora_args = ""  # full finetune
 
-    reward_args = U.pickscore_args(assets.pickscore, scale)
-
-    engine_args = U.engine_args(scale.train_ranks)
-
-    train_backend_args = U.train_backend_args(scale.dtype)
-
     perf_args = U.tile_args(scale.tile_samples) + U.gradient_checkpointing_args(scale.device)
 
-    misc_args = U.colocated_misc_args(scale, GPU_MEMORY_GB, scale.train_ranks, gpus_per_node)
-
-    train_args = " ".join([
-        ckpt_args, rollout_args, eval_args, grpo_args, optimizer_args, lora_args, reward_args, engine_args,
-        train_backend_args, perf_args, misc_args, U.get_default_wandb_args(__file__, args.run_id),
-    ])
-    U.execute_train(train_args=train_args, num_gpus_per_node=scale.ray_gpus(gpus_per_node), config=args)
+    job.execute_train(rollout_args=rollout_args, grpo_args=grpo_args, optimizer_args=optimizer_args,
+                      lora_args=lora_args, perf_args=perf_args)
 
 
 @U.dataclass_cli

@@ -75,16 +75,13 @@ _SCALES: dict[str, _Scale] = {
 
 
 @dataclass
-class ScriptArgs(U.ExecuteTrainConfig):
-    scale: Literal["full", "gpu-proxy", "cpu-proxy"] = field(
-        default="full",
-        metadata={"help": "full: Wan2.2 A14B on 4 GPUs; gpu-proxy: our proxy-size wan2_2 on the same GPUs; "
-                          "cpu-proxy: our tiny wan2_2 on CPU slots, two steps in about a minute."},
-    )
+class ScriptArgs(U.ScaledRecipeArgs):
+    scale: Literal["full", "gpu-proxy", "cpu-proxy"] = U.scale_option(
+        "full: Wan2.2 A14B on 4 GPUs; gpu-proxy: our proxy-size wan2_2 on the same GPUs; "
+        "cpu-proxy: our tiny wan2_2 on CPU slots, two steps in about a minute.")
     num_rollout: Optional[int] = U.num_rollout_option(
         _SCALES, what="Loop iterations, one batch of --rollout-batch-size items each"
     )
-    model_dir: str = U.model_dir_option()
     data_dir: str = U.data_dir_option("Where the synthetic SFT dataset is written.")
     sft_data: str = field(
         default="",
@@ -109,6 +106,8 @@ def prepare(args: ScriptArgs) -> U.Assets:
 
 def execute(args: ScriptArgs, assets: U.Assets) -> None:
     scale = _SCALES[args.scale]
+    # the only recipe of its kind, so no block is shared: the job joins this recipe's blocks and launches them
+    job = U.TrainJob(__file__, args, num_gpus_per_node=scale.ray_gpus(scale.train_ranks))
 
     ckpt_args = U.ckpt_args(FAMILY, assets.checkpoint, args, scale.save_interval)
 
@@ -122,8 +121,6 @@ def execute(args: ScriptArgs, assets: U.Assets) -> None:
         "--diffusion-guidance-scale 4.0 --diffusion-guidance-scale-2 3.0 "  # high-noise, low-noise expert
     )
 
-    eval_args = ""  # eval generates videos, which needs engines; this recipe runs none
-
     grpo_args = "--loss-type sft_loss --num-steps-per-rollout 2 "
 
     optimizer_args = U.optimizer_args(
@@ -132,9 +129,8 @@ def execute(args: ScriptArgs, assets: U.Assets) -> None:
 
     lora_args = "--use-lora --lora-rank 32 --lora-alpha 32 "
 
-    reward_args = ""  # SFT has no reward
-
-    engine_args = "--train-only "  # SFT trains on a fixed dataset: no rollout engines
+    # a fixed dataset: no rollout engines, hence no reward and no eval (eval generates videos)
+    engine_args = "--train-only "
 
     train_backend_args = U.train_backend_args(scale.dtype, update_weights="transformer transformer_2", rollout=False,
                                                 sharded=scale.sharded)
@@ -147,11 +143,11 @@ def execute(args: ScriptArgs, assets: U.Assets) -> None:
         + U.deterministic_args(scale.deterministic)
     )
 
-    train_args = " ".join([
-        ckpt_args, rollout_args, eval_args, grpo_args, optimizer_args, lora_args, reward_args, engine_args,
-        train_backend_args, perf_args, misc_args, U.get_default_wandb_args(__file__, args.run_id),
-    ])
-    U.execute_train(train_args=train_args, num_gpus_per_node=scale.ray_gpus(scale.train_ranks), config=args)
+    job.execute_train(
+        ckpt_args=ckpt_args, rollout_args=rollout_args, grpo_args=grpo_args, optimizer_args=optimizer_args,
+        lora_args=lora_args, engine_args=engine_args, train_backend_args=train_backend_args, perf_args=perf_args,
+        misc_args=misc_args,
+    )
 
 
 @U.dataclass_cli

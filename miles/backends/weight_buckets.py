@@ -135,20 +135,27 @@ def _gathered(t: torch.Tensor, staging: Staging) -> tuple[torch.Tensor, int]:
     return full, nbytes
 
 
+def _with_shared_buffer(plan: BucketPlan, device: torch.device, staging: Staging, allocate: bool = True):
+    """Each bucket in order, with its dtype and the one buffer every bucket that fits is packed in:
+    made (and held in `staging`) when the first such bucket comes, so a plan of oversize buckets
+    alone never makes it; None until then, and always with allocate=False."""
+    buffer = None
+    for bucket in plan.buckets:
+        if buffer is None and allocate and not plan.oversize(bucket):
+            buffer = torch.empty(plan.shared_buffer_bytes, dtype=torch.uint8, device=device)
+            staging.hold(buffer.numel())
+        yield bucket, getattr(torch, bucket.dtype), buffer
+
+
 def send_buckets(plan: BucketPlan, tensors: dict[tuple[str, str], torch.Tensor], send: Transfer | None,
                  device: torch.device, staging: Staging | None = None) -> Staging:
     """Pack and send every bucket in order. `send=None` (a train rank other than the sender) only
     takes part in the gathers of sharded tensors, so the sender's gathers can complete."""
     staging = staging or Staging()
-    buffer = None
-    for bucket in plan.buckets:
-        dtype = getattr(torch, bucket.dtype)
+    for bucket, dtype, buffer in _with_shared_buffer(plan, device, staging, allocate=send is not None):
         if plan.oversize(bucket):
             _send_alone(bucket, dtype, tensors, send, device, staging)
             continue
-        if buffer is None and send is not None:
-            buffer = torch.empty(plan.shared_buffer_bytes, dtype=torch.uint8, device=device)
-            staging.hold(buffer.numel())
         for slot in bucket.slots:
             full, gathered = _gathered(tensors[slot.component, slot.name], staging)
             if send is not None:
@@ -198,15 +205,10 @@ def receive_buckets(plan: BucketPlan, targets: dict[tuple[str, str], torch.Tenso
                     device: torch.device, staging: Staging | None = None) -> Staging:
     """Receive every bucket in order and copy each slot into its engine tensor, cast to its dtype."""
     staging = staging or Staging()
-    buffer = None
-    for bucket in plan.buckets:
-        dtype = getattr(torch, bucket.dtype)
+    for bucket, dtype, buffer in _with_shared_buffer(plan, device, staging):
         if plan.oversize(bucket):
             _receive_alone(bucket, dtype, targets, receive, device, staging)
             continue
-        if buffer is None:
-            buffer = torch.empty(plan.shared_buffer_bytes, dtype=torch.uint8, device=device)
-            staging.hold(buffer.numel())
         receive(buffer[:bucket.nbytes])
         for slot in bucket.slots:
             targets[slot.component, slot.name].copy_(

@@ -12,7 +12,7 @@ import json
 from typing import Any
 
 from miles.utils.dotted_path import load_callable
-from miles.utils.model_table import OWN_SIZES, RELEASED, TABLE_PATH, _c, own_key
+from miles.utils.model_table import OWN_SIZES, RELEASED, TABLE_PATH, _c, _checkpoint, own_key
 
 
 def _own_specs() -> dict[str, dict[str, Any]]:
@@ -27,7 +27,7 @@ def _own_specs() -> dict[str, dict[str, Any]]:
                 if spec.class_name == "PreTrainedTokenizerFast" or spec.library not in ("diffusers", "transformers"):
                     continue
                 comps[name] = _c(spec.library, spec.class_name, dict(spec.config), spec.config_class)
-            out[own_key(family, size)] = {"family": family, "components": comps}
+            out[own_key(family, size)] = _checkpoint(family, comps)
     return out
 
 

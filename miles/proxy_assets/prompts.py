@@ -12,6 +12,7 @@ import json
 import os
 import random
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Callable
 
@@ -49,24 +50,23 @@ _STYLES = (
 )
 
 
-def _tiny_records(num_prompts: int, rng: random.Random) -> list[dict[str, Any]]:
-    colors = sorted(COLORS)
+def _cycled_records(num_prompts: int, rng: random.Random, values: Sequence[str], templates: Sequence[str],
+                    field: str, metadata_key: str) -> list[dict[str, Any]]:
+    """Cycle through `values` so every batch covers many of them; a random template varies the wording."""
     records = []
     for i in range(num_prompts):
-        # Cycle colours so every batch covers many of them; the template varies the wording.
-        color = colors[i % len(colors)]
-        prompt = rng.choice(_TINY_TEMPLATES).format(color=color)
-        records.append({"prompt": prompt, "metadata": {"color": color}})
+        value = values[i % len(values)]
+        prompt = rng.choice(templates).format(**{field: value})
+        records.append({"prompt": prompt, "metadata": {metadata_key: value}})
     return records
+
+
+def _tiny_records(num_prompts: int, rng: random.Random) -> list[dict[str, Any]]:
+    return _cycled_records(num_prompts, rng, sorted(COLORS), _TINY_TEMPLATES, "color", metadata_key="color")
 
 
 def _ocr_records(num_prompts: int, rng: random.Random) -> list[dict[str, Any]]:
-    records = []
-    for i in range(num_prompts):
-        word = _OCR_WORDS[i % len(_OCR_WORDS)]
-        prompt = rng.choice(_OCR_TEMPLATES).format(word=word)
-        records.append({"prompt": prompt, "metadata": {"text": word}})
-    return records
+    return _cycled_records(num_prompts, rng, _OCR_WORDS, _OCR_TEMPLATES, "word", metadata_key="text")
 
 
 def _general_records(num_prompts: int, rng: random.Random) -> list[dict[str, Any]]:

@@ -42,78 +42,68 @@ def _c(library: str, cls: str, config: dict[str, Any], config_class: str | None 
     return {"library": library, "class": cls, "config": config, **extra}
 
 
+def _checkpoint(family: str | None, components: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """A checkpoint's entry: its family (None: not a diffusion model) and its components by name."""
+    return {"family": family, "components": components}
+
+
 RELEASED: dict[str, dict[str, Any]] = {
-    "Wan2.2-T2V-A14B-Diffusers": {
-        "family": "wan2_2",
-        "components": {
-            "transformer": _c("diffusers", "WanTransformer3DModel", _WAN_A14B),
-            "transformer_2": _c("diffusers", "WanTransformer3DModel", _WAN_A14B),
-            "text_encoder": _c("transformers", "UMT5EncoderModel", _UMT5_XXL, "UMT5Config"),
-            "vae": _c("diffusers", "AutoencoderKLWan", {"base_dim": 96, "z_dim": 16}),
-        },
-    },
-    "Qwen-Image": {
-        "family": "qwen_image",
-        "components": {
-            "transformer": _c("diffusers", "QwenImageTransformer2DModel", {
-                "patch_size": 2, "in_channels": 64, "out_channels": 16, "num_layers": 60, "attention_head_dim": 128,
-                "num_attention_heads": 24, "joint_attention_dim": 3584, "guidance_embeds": False,
-                "axes_dims_rope": [16, 56, 56]}),
-            # Qwen2.5-VL-7B's language model (the vision tower is not counted: the pipeline encodes text only)
-            "text_encoder": _c("transformers", "Qwen2Model", {
-                "hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 28, "num_attention_heads": 28,
-                "num_key_value_heads": 4, "vocab_size": 152064}, "Qwen2Config"),
-            "vae": _c("diffusers", "AutoencoderKLQwenImage", {"base_dim": 96, "z_dim": 16}),
-        },
-    },
-    "stable-diffusion-3.5-medium": {
-        "family": "sd3",
-        "components": {
-            "transformer": _c("diffusers", "SD3Transformer2DModel", {
-                "sample_size": 128, "patch_size": 2, "in_channels": 16, "num_layers": 24, "attention_head_dim": 64,
-                "num_attention_heads": 24, "joint_attention_dim": 4096, "caption_projection_dim": 1536,
-                "pooled_projection_dim": 2048, "out_channels": 16, "pos_embed_max_size": 384,
-                "dual_attention_layers": list(range(13)), "qk_norm": "rms_norm"}),
-            "text_encoder": _c("transformers", "CLIPTextModelWithProjection", {
-                "hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12, "num_attention_heads": 12,
-                "projection_dim": 768, "vocab_size": 49408, "max_position_embeddings": 77}, "CLIPTextConfig"),
-            "text_encoder_2": _c("transformers", "CLIPTextModelWithProjection", {
-                "hidden_size": 1280, "intermediate_size": 5120, "num_hidden_layers": 32, "num_attention_heads": 20,
-                "projection_dim": 1280, "vocab_size": 49408, "max_position_embeddings": 77}, "CLIPTextConfig"),
-            "text_encoder_3": _c("transformers", "T5EncoderModel", _T5_XXL, "T5Config"),
-            "vae": _c("diffusers", "AutoencoderKL", {
-                "in_channels": 3, "out_channels": 3, "latent_channels": 16, "block_out_channels": [128, 256, 512, 512],
-                "layers_per_block": 2, "use_quant_conv": False, "use_post_quant_conv": False,
-                "down_block_types": ["DownEncoderBlock2D"] * 4, "up_block_types": ["UpDecoderBlock2D"] * 4}),
-        },
-    },
-    "Cosmos-Predict2-2B-Text2Image": {
-        "family": "cosmos3",
-        "components": {
-            "transformer": _c("diffusers", "CosmosTransformer3DModel", {
-                "in_channels": 16, "out_channels": 16, "num_attention_heads": 16, "attention_head_dim": 128,
-                "num_layers": 28, "mlp_ratio": 4.0, "text_embed_dim": 1024, "adaln_lora_dim": 256,
-                "max_size": [128, 240, 240], "patch_size": [1, 2, 2], "rope_scale": [1.0, 4.0, 4.0],
-                "concat_padding_mask": True, "extra_pos_embed_type": None}),
-            # the T5-11B encoder
-            "text_encoder": _c("transformers", "T5EncoderModel", {
-                "d_model": 1024, "d_ff": 65536, "d_kv": 128, "num_heads": 128, "num_layers": 24, "vocab_size": 32128,
-                "feed_forward_proj": "relu"}, "T5Config"),
-            "vae": _c("diffusers", "AutoencoderKLWan", {"base_dim": 96, "z_dim": 16}),
-        },
-    },
+    "Wan2.2-T2V-A14B-Diffusers": _checkpoint("wan2_2", {
+        "transformer": _c("diffusers", "WanTransformer3DModel", _WAN_A14B),
+        "transformer_2": _c("diffusers", "WanTransformer3DModel", _WAN_A14B),
+        "text_encoder": _c("transformers", "UMT5EncoderModel", _UMT5_XXL, "UMT5Config"),
+        "vae": _c("diffusers", "AutoencoderKLWan", {"base_dim": 96, "z_dim": 16}),
+    }),
+    "Qwen-Image": _checkpoint("qwen_image", {
+        "transformer": _c("diffusers", "QwenImageTransformer2DModel", {
+            "patch_size": 2, "in_channels": 64, "out_channels": 16, "num_layers": 60, "attention_head_dim": 128,
+            "num_attention_heads": 24, "joint_attention_dim": 3584, "guidance_embeds": False,
+            "axes_dims_rope": [16, 56, 56]}),
+        # Qwen2.5-VL-7B's language model (the vision tower is not counted: the pipeline encodes text only)
+        "text_encoder": _c("transformers", "Qwen2Model", {
+            "hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 28, "num_attention_heads": 28,
+            "num_key_value_heads": 4, "vocab_size": 152064}, "Qwen2Config"),
+        "vae": _c("diffusers", "AutoencoderKLQwenImage", {"base_dim": 96, "z_dim": 16}),
+    }),
+    "stable-diffusion-3.5-medium": _checkpoint("sd3", {
+        "transformer": _c("diffusers", "SD3Transformer2DModel", {
+            "sample_size": 128, "patch_size": 2, "in_channels": 16, "num_layers": 24, "attention_head_dim": 64,
+            "num_attention_heads": 24, "joint_attention_dim": 4096, "caption_projection_dim": 1536,
+            "pooled_projection_dim": 2048, "out_channels": 16, "pos_embed_max_size": 384,
+            "dual_attention_layers": list(range(13)), "qk_norm": "rms_norm"}),
+        "text_encoder": _c("transformers", "CLIPTextModelWithProjection", {
+            "hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12, "num_attention_heads": 12,
+            "projection_dim": 768, "vocab_size": 49408, "max_position_embeddings": 77}, "CLIPTextConfig"),
+        "text_encoder_2": _c("transformers", "CLIPTextModelWithProjection", {
+            "hidden_size": 1280, "intermediate_size": 5120, "num_hidden_layers": 32, "num_attention_heads": 20,
+            "projection_dim": 1280, "vocab_size": 49408, "max_position_embeddings": 77}, "CLIPTextConfig"),
+        "text_encoder_3": _c("transformers", "T5EncoderModel", _T5_XXL, "T5Config"),
+        "vae": _c("diffusers", "AutoencoderKL", {
+            "in_channels": 3, "out_channels": 3, "latent_channels": 16, "block_out_channels": [128, 256, 512, 512],
+            "layers_per_block": 2, "use_quant_conv": False, "use_post_quant_conv": False,
+            "down_block_types": ["DownEncoderBlock2D"] * 4, "up_block_types": ["UpDecoderBlock2D"] * 4}),
+    }),
+    "Cosmos-Predict2-2B-Text2Image": _checkpoint("cosmos3", {
+        "transformer": _c("diffusers", "CosmosTransformer3DModel", {
+            "in_channels": 16, "out_channels": 16, "num_attention_heads": 16, "attention_head_dim": 128,
+            "num_layers": 28, "mlp_ratio": 4.0, "text_embed_dim": 1024, "adaln_lora_dim": 256,
+            "max_size": [128, 240, 240], "patch_size": [1, 2, 2], "rope_scale": [1.0, 4.0, 4.0],
+            "concat_padding_mask": True, "extra_pos_embed_type": None}),
+        # the T5-11B encoder
+        "text_encoder": _c("transformers", "T5EncoderModel", {
+            "d_model": 1024, "d_ff": 65536, "d_kv": 128, "num_heads": 128, "num_layers": 24, "vocab_size": 32128,
+            "feed_forward_proj": "relu"}, "T5Config"),
+        "vae": _c("diffusers", "AutoencoderKLWan", {"base_dim": 96, "z_dim": 16}),
+    }),
     # the reward model the PickScore recipes name (a CLIP ViT-H/14)
-    "PickScore_v1": {
-        "family": None,
-        "components": {
-            "model": _c("transformers", "CLIPModel", {
-                "text_config": {"hidden_size": 1024, "intermediate_size": 4096, "num_hidden_layers": 24,
-                                "num_attention_heads": 16, "vocab_size": 49408, "max_position_embeddings": 77},
-                "vision_config": {"hidden_size": 1280, "intermediate_size": 5120, "num_hidden_layers": 32,
-                                  "num_attention_heads": 16, "patch_size": 14, "image_size": 224},
-                "projection_dim": 1024}, "CLIPConfig"),
-        },
-    },
+    "PickScore_v1": _checkpoint(None, {
+        "model": _c("transformers", "CLIPModel", {
+            "text_config": {"hidden_size": 1024, "intermediate_size": 4096, "num_hidden_layers": 24,
+                            "num_attention_heads": 16, "vocab_size": 49408, "max_position_embeddings": 77},
+            "vision_config": {"hidden_size": 1280, "intermediate_size": 5120, "num_hidden_layers": 32,
+                              "num_attention_heads": 16, "patch_size": 14, "image_size": 224},
+            "projection_dim": 1024}, "CLIPConfig"),
+    }),
 }
 
 OWN_SIZES = ("tiny", "proxy")

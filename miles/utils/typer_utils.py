@@ -27,6 +27,7 @@ import os
 import sys
 import types
 import typing
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Literal, Optional
@@ -146,13 +147,19 @@ def _convert_enum(raw: str, enum_cls: type[enum.Enum]) -> enum.Enum:
     raise OptionValueError(f"{raw!r} is not one of {', '.join(str(m.value) for m in enum_cls)}")
 
 
-def _convert_bool(raw: str) -> bool:
+def parse_bool_word(raw: str, true_words: Collection[str] = _TRUE_WORDS,
+                    false_words: Collection[str] = _FALSE_WORDS) -> bool | None:
+    """True for a word of `true_words`, False for one of `false_words` (any case, outer spaces
+    ignored); None for anything else, which the caller refuses in its own words."""
     word = raw.strip().lower()
-    if word in _TRUE_WORDS:
-        return True
-    if word in _FALSE_WORDS:
-        return False
-    raise OptionValueError(f"{raw!r} is not a boolean (use 1/0, true/false, yes/no)")
+    return True if word in true_words else False if word in false_words else None
+
+
+def _convert_bool(raw: str) -> bool:
+    value = parse_bool_word(raw)
+    if value is None:
+        raise OptionValueError(f"{raw!r} is not a boolean (use 1/0, true/false, yes/no)")
+    return value
 
 
 def resolve_options(

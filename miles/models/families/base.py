@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from miles.models.tokenizer import EOS_ID, PAD_ID, vocabulary
 from miles.utils.families import FamilyFacts, get_family_facts
 
 
@@ -81,6 +82,18 @@ class FamilyModule:
         [B, ...] in the transformer's layout, normalised as `decode` expects. The VAE posterior's mean
         is used (no sampling), so the same pixels always give the same latents."""
         raise NotImplementedError
+
+
+def t5_encoder_config(size: str, width: int) -> dict[str, Any]:
+    """Our tiny or proxy T5 text encoder of `width` (the T5 and UMT5 classes read the same keys),
+    over our tokenizer's vocabulary."""
+    if size == "tiny":
+        config = dict(d_model=width, d_kv=8, d_ff=64, num_layers=2, num_heads=4, relative_attention_num_buckets=8)
+    else:
+        config = dict(d_model=width, d_kv=64, d_ff=2816, num_layers=12, num_heads=16, relative_attention_num_buckets=32)
+    config.update(vocab_size=len(vocabulary()), feed_forward_proj="gated-gelu", pad_token_id=PAD_ID,
+                  eos_token_id=EOS_ID, decoder_start_token_id=PAD_ID)
+    return config
 
 
 def tokenize(tokenizer, prompts: list[str], max_length: int, device) -> tuple[torch.Tensor, torch.Tensor]:

@@ -17,9 +17,8 @@ these coordinates. tests/unit/models/test_pipeline_parity.py compares it with th
 
 from __future__ import annotations
 
-from miles.models.families.base import ComponentSpec, FamilyModule, encode_with_mask
+from miles.models.families.base import ComponentSpec, FamilyModule, encode_with_mask, t5_encoder_config
 from miles.models.families.wan2_2 import wan_decode, wan_encode, wan_latent_shape, wan_vae
-from miles.models.tokenizer import EOS_ID, PAD_ID, vocabulary
 
 
 class Cosmos3(FamilyModule):
@@ -31,25 +30,20 @@ class Cosmos3(FamilyModule):
     def components(self, size):
         if size == "tiny":
             z, text_width, max_len = 4, 32, 16
-            transformer = dict(in_channels=z, out_channels=z, num_attention_heads=2, attention_head_dim=16, num_layers=2,
-                               mlp_ratio=2.0, text_embed_dim=text_width, adaln_lora_dim=8, max_size=(4, 32, 32),
-                               patch_size=(1, 2, 2), rope_scale=(1.0, 1.0, 1.0), concat_padding_mask=False,
-                               extra_pos_embed_type=None)
-            text = dict(d_model=text_width, d_kv=8, d_ff=64, num_layers=2, num_heads=4, relative_attention_num_buckets=8)
+            transformer = dict(num_attention_heads=2, attention_head_dim=16, num_layers=2, mlp_ratio=2.0,
+                               adaln_lora_dim=8, max_size=(4, 32, 32), rope_scale=(1.0, 1.0, 1.0))
         elif size == "proxy":
             z, text_width, max_len = 16, 1024, 512
-            transformer = dict(in_channels=z, out_channels=z, num_attention_heads=16, attention_head_dim=128, num_layers=20,
-                               mlp_ratio=4.0, text_embed_dim=text_width, adaln_lora_dim=256, max_size=(128, 240, 240),
-                               patch_size=(1, 2, 2), rope_scale=(1.0, 4.0, 4.0), concat_padding_mask=False,
-                               extra_pos_embed_type=None)
-            text = dict(d_model=text_width, d_kv=64, d_ff=2816, num_layers=12, num_heads=16, relative_attention_num_buckets=32)
+            transformer = dict(num_attention_heads=16, attention_head_dim=128, num_layers=20, mlp_ratio=4.0,
+                               adaln_lora_dim=256, max_size=(128, 240, 240), rope_scale=(1.0, 4.0, 4.0))
         else:
             raise ValueError(f"unknown size {size!r}")
-        text.update(vocab_size=len(vocabulary()), feed_forward_proj="gated-gelu", pad_token_id=PAD_ID,
-                    eos_token_id=EOS_ID, decoder_start_token_id=PAD_ID)
+        transformer.update(in_channels=z, out_channels=z, text_embed_dim=text_width, patch_size=(1, 2, 2),
+                           concat_padding_mask=False, extra_pos_embed_type=None)
         return {
             "transformer": ComponentSpec("diffusers", "CosmosTransformer3DModel", transformer),
-            "text_encoder": ComponentSpec("transformers", "T5EncoderModel", text, config_class="T5Config"),
+            "text_encoder": ComponentSpec("transformers", "T5EncoderModel", t5_encoder_config(size, text_width),
+                                          config_class="T5Config"),
             "tokenizer": ComponentSpec("transformers", "PreTrainedTokenizerFast", {"model_max_length": max_len}),
             "vae": wan_vae(size, z),
         }

@@ -9,9 +9,9 @@ a mask and its padding positions are kept (the transformer masks them), and sigm
 from __future__ import annotations
 
 from miles.models.families.base import (
-    ComponentSpec, FamilyModule, from_unit_range, posterior_mean, timesteps, to_unit_range, tokenize,
+    ComponentSpec, FamilyModule, from_unit_range, posterior_mean, t5_encoder_config, timesteps, to_unit_range,
+    tokenize,
 )
-from miles.models.tokenizer import EOS_ID, PAD_ID, vocabulary
 
 FRAME_RATE = 25  # what LTXPipeline assumes by default; enters the temporal rope scale
 
@@ -25,28 +25,24 @@ class LTX(FamilyModule):
     def components(self, size):
         if size == "tiny":
             z, text_width, max_len = 8, 32, 16
-            transformer = dict(in_channels=z, out_channels=z, num_attention_heads=2, attention_head_dim=16,
-                               cross_attention_dim=32, num_layers=2, caption_channels=text_width)
-            text = dict(d_model=text_width, d_kv=8, d_ff=64, num_layers=2, num_heads=4, relative_attention_num_buckets=8)
+            transformer = dict(num_attention_heads=2, attention_head_dim=16, cross_attention_dim=32, num_layers=2)
             blocks, layers = (8, 8, 8, 8), (1, 1, 1, 1, 1)
             scaling = (True, True, False, False)
         elif size == "proxy":
             z, text_width, max_len = 128, 1024, 128
-            transformer = dict(in_channels=z, out_channels=z, num_attention_heads=24, attention_head_dim=64,
-                               cross_attention_dim=1536, num_layers=20, caption_channels=text_width)
-            text = dict(d_model=text_width, d_kv=64, d_ff=2816, num_layers=12, num_heads=16, relative_attention_num_buckets=32)
+            transformer = dict(num_attention_heads=24, attention_head_dim=64, cross_attention_dim=1536, num_layers=20)
             blocks, layers = (128, 256, 512, 512), (4, 3, 3, 3, 4)
             scaling = (True, True, True, False)
         else:
             raise ValueError(f"unknown size {size!r}")
-        text.update(vocab_size=len(vocabulary()), feed_forward_proj="gated-gelu", pad_token_id=PAD_ID,
-                    eos_token_id=EOS_ID, decoder_start_token_id=PAD_ID)
+        transformer.update(in_channels=z, out_channels=z, caption_channels=text_width)
         vae = dict(latent_channels=z, block_out_channels=blocks, decoder_block_out_channels=blocks,
                    layers_per_block=layers, decoder_layers_per_block=layers, spatio_temporal_scaling=scaling,
                    decoder_spatio_temporal_scaling=scaling, patch_size=4, patch_size_t=1)
         return {
             "transformer": ComponentSpec("diffusers", "LTXVideoTransformer3DModel", transformer),
-            "text_encoder": ComponentSpec("transformers", "T5EncoderModel", text, config_class="T5Config"),
+            "text_encoder": ComponentSpec("transformers", "T5EncoderModel", t5_encoder_config(size, text_width),
+                                          config_class="T5Config"),
             "tokenizer": ComponentSpec("transformers", "PreTrainedTokenizerFast", {"model_max_length": max_len}),
             "vae": ComponentSpec("diffusers", "AutoencoderKLLTXVideo", vae),
         }

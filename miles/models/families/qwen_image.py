@@ -46,22 +46,20 @@ class QwenImage(FamilyModule):
     def components(self, size):
         if size == "tiny":
             z, text_width, max_len = 4, 32, 16
-            transformer = dict(patch_size=2, in_channels=4 * z, out_channels=z, num_layers=2, attention_head_dim=16,
-                               num_attention_heads=2, joint_attention_dim=text_width, axes_dims_rope=(4, 6, 6))
-            text = dict(hidden_size=text_width, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                        num_key_value_heads=2, max_position_embeddings=64)
+            transformer = dict(num_layers=2, attention_head_dim=16, num_attention_heads=2, axes_dims_rope=(4, 6, 6))
+            text = dict(intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=64)
             vae = dict(base_dim=8, z_dim=z, dim_mult=[1, 2, 2, 2], num_res_blocks=1, temperal_downsample=[False, False, False],
                        latents_mean=[0.0] * z, latents_std=[1.0] * z)
         elif size == "proxy":
             z, text_width, max_len = 16, 1536, 512
-            transformer = dict(patch_size=2, in_channels=4 * z, out_channels=z, num_layers=20, attention_head_dim=128,
-                               num_attention_heads=16, joint_attention_dim=text_width, axes_dims_rope=(16, 56, 56))
-            text = dict(hidden_size=text_width, intermediate_size=8960, num_hidden_layers=8, num_attention_heads=12,
-                        num_key_value_heads=2, max_position_embeddings=2048)
+            transformer = dict(num_layers=20, attention_head_dim=128, num_attention_heads=16, axes_dims_rope=(16, 56, 56))
+            text = dict(intermediate_size=8960, num_hidden_layers=8, num_attention_heads=12, max_position_embeddings=2048)
             vae = dict(base_dim=96, z_dim=z, dim_mult=[1, 2, 4, 4], num_res_blocks=2, temperal_downsample=[False, True, True])
         else:
             raise ValueError(f"unknown size {size!r}")
-        text.update(vocab_size=len(vocabulary()), pad_token_id=PAD_ID, bos_token_id=BOS_ID, eos_token_id=EOS_ID)
+        transformer.update(patch_size=2, in_channels=4 * z, out_channels=z, joint_attention_dim=text_width)
+        text.update(hidden_size=text_width, num_key_value_heads=2, vocab_size=len(vocabulary()), pad_token_id=PAD_ID,
+                    bos_token_id=BOS_ID, eos_token_id=EOS_ID)
         return {
             "transformer": ComponentSpec("diffusers", "QwenImageTransformer2DModel", transformer),
             "text_encoder": ComponentSpec("transformers", "Qwen2Model", text, config_class="Qwen2Config"),

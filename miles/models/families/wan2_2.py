@@ -17,9 +17,9 @@ runs the FlowMatchEulerDiscreteScheduler of the same config (`shift = flow_shift
 from __future__ import annotations
 
 from miles.models.families.base import (
-    ComponentSpec, FamilyModule, encode_with_mask, from_unit_range, posterior_mean, timesteps, to_unit_range,
+    ComponentSpec, FamilyModule, encode_with_mask, from_unit_range, posterior_mean, t5_encoder_config, timesteps,
+    to_unit_range,
 )
-from miles.models.tokenizer import EOS_ID, PAD_ID, vocabulary
 
 
 def wan_vae(size: str, z: int) -> ComponentSpec:
@@ -64,20 +64,17 @@ class Wan22(FamilyModule):
             z, text_width, max_len = 4, 32, 16
             transformer = dict(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=16, in_channels=z, out_channels=z,
                                text_dim=text_width, freq_dim=32, ffn_dim=64, num_layers=2, rope_max_seq_len=64)
-            text = dict(d_model=text_width, d_kv=8, d_ff=64, num_layers=2, num_heads=4, relative_attention_num_buckets=8)
         elif size == "proxy":
             z, text_width, max_len = 16, 1024, 512
             transformer = dict(patch_size=(1, 2, 2), num_attention_heads=12, attention_head_dim=128, in_channels=z, out_channels=z,
                                text_dim=text_width, freq_dim=256, ffn_dim=8960, num_layers=20)
-            text = dict(d_model=text_width, d_kv=64, d_ff=2816, num_layers=12, num_heads=16, relative_attention_num_buckets=32)
         else:
             raise ValueError(f"unknown size {size!r}")
-        text.update(vocab_size=len(vocabulary()), feed_forward_proj="gated-gelu", pad_token_id=PAD_ID,
-                    eos_token_id=EOS_ID, decoder_start_token_id=PAD_ID)
         return {
             "transformer": ComponentSpec("diffusers", "WanTransformer3DModel", transformer),
             "transformer_2": ComponentSpec("diffusers", "WanTransformer3DModel", transformer),
-            "text_encoder": ComponentSpec("transformers", "UMT5EncoderModel", text, config_class="UMT5Config"),
+            "text_encoder": ComponentSpec("transformers", "UMT5EncoderModel", t5_encoder_config(size, text_width),
+                                          config_class="UMT5Config"),
             "tokenizer": ComponentSpec("transformers", "PreTrainedTokenizerFast", {"model_max_length": max_len}),
             "vae": wan_vae(size, z),
         }

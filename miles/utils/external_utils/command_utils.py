@@ -7,15 +7,12 @@ a Ray job. The pieces live in sibling modules; this one gathers what recipes cal
 Nothing here imports torch or Ray at module level: a dry run (MILES_SCRIPT_ENABLE_RAY_SUBMIT=0)
 must stay fast and side-effect free. See docs/launch-scripts.md.
 
-What scaled recipes share lives in recipe_options (the `_Scale` base, --model-dir, --data-dir,
---num-rollout), recipe_assets (checkpoint, PickScore, prompt files) and flag_blocks.
+What scaled recipes share lives in recipe_options (the `_Scale` base and `ScaledRecipeArgs`, the
+base of their ScriptArgs), recipe_assets (checkpoint, PickScore, prompt files), flag_blocks (the
+parts of a block) and train_job (the blocks a kind of recipe shares, joined and launched).
 """
 
 from __future__ import annotations
-
-import os
-import shlex
-from pathlib import Path
 
 from miles.utils.external_utils.config import REPO_ROOT, ExecuteTrainConfig, create_run_id
 from miles.utils.external_utils.flag_blocks import (
@@ -52,14 +49,18 @@ from miles.utils.external_utils.recipe_assets import (
 from miles.utils.external_utils.recipe_options import (
     CPU_PROXY,
     FULL_SCALE,
+    ColocatedScale,
     GPU_PROXY,
     RolloutScale,
     Scale,
+    ScaledRecipeArgs,
     data_dir_option,
     model_dir_option,
     num_rollout_option,
+    scale_option,
 )
 from miles.utils.external_utils.ray_cluster import wait_for_cluster_resources
+from miles.utils.external_utils.train_job import TrainJob, colocated_job, get_default_wandb_args
 from miles.utils.external_utils.train_launch import ClusterInfo, LaunchError, execute_train
 from miles.utils.typer_utils import dataclass_cli, dataclass_cli_app, print_options_table
 
@@ -69,8 +70,11 @@ __all__ = [
     "is_external_ray", "pipeline_state_dir", "print_options_table", "read_plan", "run_pipeline",
     "select_recipe", "start_ray_worker", "wait_for_cluster_resources",
     # a recipe's scales, options and assets
-    "CPU_PROXY", "FULL_SCALE", "GPU_PROXY", "Assets", "RolloutScale", "Scale", "data_dir_option", "ensure_assets",
-    "ensure_pickscore", "ensure_prompt_files", "ensure_recipe_checkpoint", "model_dir_option", "num_rollout_option",
+    "CPU_PROXY", "FULL_SCALE", "GPU_PROXY", "Assets", "ColocatedScale", "RolloutScale", "Scale", "ScaledRecipeArgs",
+    "data_dir_option", "ensure_assets", "ensure_pickscore", "ensure_prompt_files", "ensure_recipe_checkpoint",
+    "model_dir_option", "num_rollout_option", "scale_option",
+    # the launch: the blocks recipes of a kind share, joined with the recipe's own
+    "TrainJob", "colocated_job",
     # the parts of the flag blocks every recipe writes the same way
     "ckpt_args", "colocated_misc_args", "cpu_reward_args", "deterministic_args", "engine_args", "eval_args",
     "flat_micro_batch_args",
@@ -78,16 +82,3 @@ __all__ = [
     "prompt_batch_args", "rollout_batch_args", "run_dir", "tile_args", "train_backend_args",
 ]
 
-
-def get_default_wandb_args(recipe: str, run_id: str | None = None, *, project: str = "miles-diffusion") -> str:
-    """wandb flags for train_diffusion.py, only when WANDB_API_KEY is set. Never the key itself:
-    the trainer reads it from its environment, where the launcher puts it."""
-    if not os.environ.get("WANDB_API_KEY"):
-        return ""
-    group = Path(recipe).stem
-    words = ["--use-wandb", "--wandb-group", group]
-    if not os.environ.get("WANDB_PROJECT"):  # wandb's own variable wins over the recipe's default
-        words += ["--wandb-project", project]
-    if run_id:
-        words += ["--wandb-run-name", f"{group}-{run_id}"]
-    return shlex.join(words)

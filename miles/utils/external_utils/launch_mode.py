@@ -12,6 +12,8 @@ import sys
 from collections.abc import Mapping
 from urllib.parse import urlparse
 
+from miles.utils.typer_utils import parse_bool_word
+
 DRY_RUN_ENV = "MILES_SCRIPT_ENABLE_RAY_SUBMIT"
 DRY_RUN_ALIAS_ENV = "ENABLE_RAY_SUBMIT"
 EXTERNAL_RAY_ENV = "MILES_SCRIPT_EXTERNAL_RAY"
@@ -28,12 +30,10 @@ class LaunchModeError(ValueError):
 
 
 def parse_switch(name: str, raw: str) -> bool:
-    word = raw.strip().lower()
-    if word in TRUE_WORDS:
-        return True
-    if word in FALSE_WORDS:
-        return False
-    raise LaunchModeError(f"{name}={raw!r} is not a switch value; fix: use {ACCEPTED}")
+    value = parse_bool_word(raw, TRUE_WORDS, FALSE_WORDS)
+    if value is None:
+        raise LaunchModeError(f"{name}={raw!r} is not a switch value; fix: use {ACCEPTED}")
+    return value
 
 
 def dry_run_switch(environ: Mapping[str, str] | None = None) -> tuple[bool, str]:

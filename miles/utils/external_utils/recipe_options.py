@@ -1,8 +1,10 @@
 """What every scaled recipe shares in its `_SCALES` table and its ScriptArgs: the base of a
-`_Scale` row and the options that say where assets live and how many rollouts to train.
+`_Scale` row and the options that pick the row, say where assets live and how many rollouts to train.
 
-A recipe's `_Scale` inherits `U.Scale` (or `U.RolloutScale`, for recipes with rollout engines
-and a reward) and adds only the fields of its own; rows are written with keywords.
+A recipe's `_Scale` inherits `U.Scale` (`U.RolloutScale` for recipes with rollout engines and a
+reward, `U.ColocatedScale` when each train rank shares its GPU with an engine) and adds only the
+fields of its own; rows are written with keywords. Its ScriptArgs inherits `U.ScaledRecipeArgs`
+and states only its scales and the options of its own.
 """
 
 from __future__ import annotations
@@ -11,10 +13,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from miles.utils.external_utils.config import REPO_ROOT
+from miles.utils.external_utils.config import REPO_ROOT, ExecuteTrainConfig
 
 MODEL_DIR_HELP = "Released checkpoints are read from here; ours are created here once and reused."
 DATA_DIR_HELP = "Where the prompt files are written."
+SCALE_HELP = "Which row of the recipe's _SCALES table to run."
 
 
 @dataclass(frozen=True)
@@ -93,6 +96,18 @@ class RolloutScale(Scale):
         return 0 if self.colocate_reward else int(self.reward_gpus)
 
 
+@dataclass(frozen=True, kw_only=True)
+class ColocatedScale(RolloutScale):
+    """A scale of a one-node recipe whose train ranks each share a GPU with a rollout engine."""
+
+    train_ranks: int  # GPUs (CPU slots on cpu), each holding a train rank and a rollout engine
+
+
+def scale_option(help: str = SCALE_HELP) -> Any:
+    """`--scale`, `full` unless chosen; the recipe annotates it with a Literal of its scales."""
+    return field(default="full", metadata={"help": help})
+
+
 def model_dir_option(help: str = MODEL_DIR_HELP) -> Any:
     return field(default=str(REPO_ROOT / "models"), metadata={"help": help})
 
@@ -112,3 +127,16 @@ def _defaults_by_scale(scales: Mapping[str, Scale]) -> str:
     for name, scale in scales.items():
         names_by_count.setdefault(scale.num_rollout, []).append(name)
     return ", ".join(f"{count} ({', '.join(names)})" for count, names in names_by_count.items())
+
+
+@dataclass
+class ScaledRecipeArgs(ExecuteTrainConfig):
+    """The options of a recipe with a `_SCALES` table, in the order --help lists them. The recipe
+    narrows --scale to its own scales, `scale: Literal[...] = U.scale_option("full: ...")`, and
+    gives --num-rollout its table's defaults, `U.num_rollout_option(_SCALES)`; a redeclared field
+    keeps its place here. --model-dir and --data-dir it inherits as they are."""
+
+    scale: str = scale_option()
+    num_rollout: Optional[int] = field(default=None, metadata={"help": "Rollouts to train; unset: the scale's own."})
+    model_dir: str = model_dir_option()
+    data_dir: str = data_dir_option()

@@ -44,8 +44,9 @@ def engine_for(args):
     return RolloutEngine.from_args(args, num_threads=CPU_THREADS_PER_ACTOR)
 
 
-def one_rollout(args, rollout_id: int = 0, engine=None, dataset=None):
-    """A scored rollout of the tiny run (trained steps 0 and 1), as the driver would hand it over."""
+def one_rollout(args, rollout_id: int = 0, engine=None, dataset=None, debug: bool = True):
+    """A scored rollout of the tiny run (trained steps 0 and 1), as the driver would hand it over;
+    `debug`: the engine records what the parity probe compares."""
     from miles.backends.loss import compute_advantages
     from miles.backends.types import RolloutBatch
     from miles.ray.rollout_manager import sample_seed
@@ -59,7 +60,7 @@ def one_rollout(args, rollout_id: int = 0, engine=None, dataset=None):
     items = dataset.next_batch(args.rollout_batch_size)
     requests = [SampleRequest(it.prompt, g, j, sample_seed(args.rollout_seed, rollout_id, g, j), dict(it.metadata))
                 for g, it in enumerate(items) for j in range(args.n_samples_per_prompt)]
-    trajectories = engine.generate(requests, [0, 1], True)
+    trajectories = engine.generate(requests, [0, 1], debug)
     rewards = LocalRewardScorer(args).score([RewardSample(t.prompt, t.image, t.metadata) for t in trajectories])
     advantages = compute_advantages(torch.tensor(rewards), args.n_samples_per_prompt)
     return RolloutBatch(rollout_id, trajectories, rewards, advantages.tolist(), [0, 1])

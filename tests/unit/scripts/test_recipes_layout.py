@@ -2,8 +2,11 @@
 that train_diffusion.py accepts.
 
 Layout: a module docstring (what it trains, prerequisites, the layout, a runnable example),
-`ScriptArgs(U.ExecuteTrainConfig)` with help on every option, `prepare()`, `execute()` built from
-the named flag blocks, and `main()` decorated with `@U.dataclass_cli`. The argv check runs each
+`ScriptArgs` (on `U.ScaledRecipeArgs` for a recipe with scales, else `U.ExecuteTrainConfig`) with
+help on every option, `prepare()`, `execute()` and `main()` decorated with `@U.dataclass_cli`.
+execute() builds one job (`U.colocated_job` or `U.TrainJob`), which owns the flag blocks the
+recipe shares with its kind, names the recipe's own blocks (its sampler, loss, learning rate, LoRA,
+tiling) and ends by handing each of them, by name, to `job.execute_train`. The argv check runs each
 recipe's own prepare() and execute() in process, in a dry run, with `execute_train` replaced by a
 recorder, and validates what it was given with `miles.utils.arguments.validate_argv`.
 """
@@ -32,6 +35,9 @@ FLAG_BLOCKS = (
     "ckpt_args", "rollout_args", "eval_args", "grpo_args", "optimizer_args", "lora_args", "reward_args",
     "engine_args", "train_backend_args", "perf_args", "misc_args",
 )
+# named in every recipe's execute(); the other blocks come from its job unless the recipe names them too
+RECIPE_BLOCKS = ("rollout_args", "grpo_args", "optimizer_args", "lora_args", "perf_args")
+JOB_BUILDERS = ("U.colocated_job", "U.TrainJob")
 DOCSTRING_SECTIONS = ("What it trains:", "Prerequisites:", "layout", "Example:")
 
 
@@ -78,7 +84,11 @@ def test_script_args_prepare_execute_main(path):
     classes, functions = _top_level(tree, ast.ClassDef), _top_level(tree, ast.FunctionDef)
     assert "ScriptArgs" in classes, f"{path.name}: no ScriptArgs"
     bases = [ast.unparse(b) for b in classes["ScriptArgs"].bases]
-    assert bases == ["U.ExecuteTrainConfig"], f"{path.name}: ScriptArgs bases {bases}"
+    scaled = "_SCALES" in {t.id for node in tree.body if isinstance(node, ast.AnnAssign | ast.Assign)
+                           for t in ([node.target] if isinstance(node, ast.AnnAssign) else node.targets)
+                           if isinstance(t, ast.Name)}
+    expected = ["U.ScaledRecipeArgs"] if scaled else ["U.ExecuteTrainConfig"]
+    assert bases == expected, f"{path.name}: ScriptArgs bases {bases}"
     for name in ("prepare", "execute", "main"):
         assert name in functions, f"{path.name}: no {name}()"
     decorators = [ast.unparse(d) for d in functions["main"].decorator_list]
@@ -87,15 +97,35 @@ def test_script_args_prepare_execute_main(path):
     assert "import miles.utils.external_utils.command_utils as U" in imports
 
 
+def test_the_layout_check_knows_the_launchers_blocks():
+    from miles.utils.external_utils import train_job
+
+    assert train_job.FLAG_BLOCKS == FLAG_BLOCKS and train_job.RECIPE_BLOCKS == RECIPE_BLOCKS
+
+
+def _assigned_names(function: ast.FunctionDef) -> list[str]:
+    return [t.id for node in ast.walk(function) if isinstance(node, ast.Assign)
+            for t in node.targets if isinstance(t, ast.Name)]
+
+
 @pytest.mark.parametrize("path", RECIPES, ids=_ids(RECIPES))
-def test_execute_is_built_from_the_named_flag_blocks(path):
+def test_execute_names_its_own_blocks_and_takes_the_shared_ones_from_one_job(path):
     execute = _top_level(_tree(path), ast.FunctionDef)["execute"]
-    assigned = [t.id for node in ast.walk(execute) if isinstance(node, ast.Assign)
-                for t in node.targets if isinstance(t, ast.Name)]
-    blocks = [name for name in assigned if name in FLAG_BLOCKS]
-    assert list(dict.fromkeys(blocks)) == list(FLAG_BLOCKS), f"{path.name}: blocks {blocks}"
-    calls = [ast.unparse(n.func) for n in ast.walk(execute) if isinstance(n, ast.Call)]
-    assert "U.execute_train" in calls and "U.get_default_wandb_args" in calls
+    calls = [n for n in ast.walk(execute) if isinstance(n, ast.Call)]
+    builders = [ast.unparse(c.func) for c in calls if ast.unparse(c.func) in JOB_BUILDERS]
+    assert len(builders) == 1, f"{path.name}: execute() builds {builders or 'no job'}; one of {JOB_BUILDERS}"
+    blocks = [name for name in _assigned_names(execute) if name in FLAG_BLOCKS]
+    assert blocks == [name for name in FLAG_BLOCKS if name in blocks], f"{path.name}: blocks out of order {blocks}"
+    assert set(RECIPE_BLOCKS) <= set(blocks), f"{path.name}: names {blocks}, lacks {set(RECIPE_BLOCKS) - set(blocks)}"
+
+    last = execute.body[-1]
+    assert isinstance(last, ast.Expr) and isinstance(last.value, ast.Call), f"{path.name}: execute() ends otherwise"
+    launch = last.value
+    assert ast.unparse(launch.func).endswith(".execute_train") and not launch.args, ast.unparse(launch)
+    handed = {kw.arg: ast.unparse(kw.value) for kw in launch.keywords}
+    assert handed == {name: name for name in blocks}, f"{path.name}: execute_train gets {handed}, names {blocks}"
+    direct = {ast.unparse(c.func) for c in calls} & {"U.execute_train", "U.get_default_wandb_args"}
+    assert not direct, f"{path.name}: calls {direct} itself; the job joins the blocks and launches"
 
 
 @pytest.mark.parametrize("path", RECIPES, ids=_ids(RECIPES))
@@ -131,9 +161,11 @@ def test_every_scale_assembles_flags_that_validate(path, scale, tmp_path, monkey
     from miles.utils.arguments import validate_argv
 
     monkeypatch.setenv("MILES_SCRIPT_ENABLE_RAY_SUBMIT", "0")
+    from miles.utils.external_utils import train_job
+
     module = _load(path)
     recorder = _Recorder()
-    monkeypatch.setattr(module.U, "execute_train", recorder)
+    monkeypatch.setattr(train_job, "execute_train", recorder)
     kwargs = {"output_dir": str(tmp_path), "model_dir": str(tmp_path / "models"), "data_dir": str(tmp_path / "data")}
     if scale is not None:
         kwargs["scale"] = scale

@@ -90,11 +90,11 @@ def test_the_recipe_checklist_taken_literally_reaches_a_passing_dry_check(tmp_pa
     text = _edit(text, "    train_ranks: int = field(",
                  '    lr: str = field(default="1e-3", metadata={"help": "Learning rate of the demo."})\n'
                  "    train_ranks: int = field(")
-    # 4. execute(): the flag blocks, then execute_train with the flags the results depend on locked
+    # 4. execute(): the job, with the flags the results depend on locked, then the flag blocks
     text = _edit(text, 'U.optimizer_args(lr="2e-3"', 'U.optimizer_args(lr=args.lr')
-    text = _edit(text, "U.execute_train(train_args=train_args, num_gpus_per_node=num_gpus, config=args)",
-                 'U.execute_train(train_args=train_args, num_gpus_per_node=num_gpus, config=args,\n'
-                 '                    locked_flags=("--diffusion-num-steps",))')
+    text = _edit(text, 'num_gpus_per_node=args.train_ranks if args.device == "cuda" else 0)',
+                 'num_gpus_per_node=args.train_ranks if args.device == "cuda" else 0,\n'
+                 '                     locked_flags=("--diffusion-num-steps",))')
     (root / RECIPE).write_text(text)
     # 5. (a --scale cpu-proxy option is only for recipes that also get a CPU case: not this one)
 

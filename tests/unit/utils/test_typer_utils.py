@@ -7,7 +7,9 @@ from typing import Literal, Optional
 import pytest
 from typer.testing import CliRunner
 
-from miles.utils.typer_utils import convert_value, dataclass_cli, dataclass_cli_app, resolve_options
+from miles.utils.typer_utils import (
+    convert_value, dataclass_cli, dataclass_cli_app, parse_bool_word, resolve_options,
+)
 
 
 class Scale(enum.Enum):
@@ -54,6 +56,11 @@ def test_bool_fields_are_flag_pairs_and_read_env_words():
     _, off = _run(None, ["--no-use-ema"], env={"MILES_SCRIPT_USE_EMA": "yes"})
     _, env_on = _run(None, [], env={"MILES_SCRIPT_USE_EMA": "true"})
     assert (on[0].use_ema, off[0].use_ema, env_on[0].use_ema) == (True, False, True)
+
+
+def test_a_bool_word_is_read_in_any_case_from_the_callers_words_and_anything_else_is_none():
+    assert [parse_bool_word(w) for w in (" YES ", "n", "Off", "maybe")] == [True, False, False, None]
+    assert parse_bool_word("y", true_words=("1", "on"), false_words=("0", "off")) is None
 
 
 def test_enum_and_literal_fields_accept_their_choices():
