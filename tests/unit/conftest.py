@@ -1,7 +1,6 @@
 import os
 import shutil
 import tempfile
-from pathlib import Path
 
 import pytest
 
@@ -32,19 +31,16 @@ def local_ray():
     shutil.rmtree(temp_dir, ignore_errors=True)
 
 
-def shared_assets_root(tmp_path_factory) -> Path:
-    """One directory of tiny assets for the whole test run: xdist workers share it (the ensure_*
-    makers take a file lock), so each checkpoint is built once per run, not once per worker."""
-    base = tmp_path_factory.getbasetemp()
-    return (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "miles-tiny-checkpoints"
-
-
 @pytest.fixture(scope="session")
-def tiny_checkpoint(tmp_path_factory):
-    """tiny_checkpoint(family="sd3", seed=0): the path of that tiny checkpoint, built on first use."""
+def tiny_checkpoint(model_cache_dir):
+    """tiny_checkpoint(family="sd3", seed=0): the path of that tiny checkpoint, built on first use.
+
+    In the harness's checkpoint cache (miles.testing.plugin.model_cache_dir), which every xdist
+    worker and the recipes' e2e runs share: each checkpoint is built once per test run (sd3's VAE
+    fit alone takes 12 s), and the builds are byte-identical whoever makes them."""
     from miles.proxy_assets.checkpoint import ensure_checkpoint
     from miles.models.runtime import configure_torch
 
     configure_torch(num_threads=1)
-    root = shared_assets_root(tmp_path_factory)
+    root = model_cache_dir
     return lambda family="sd3", seed=0: ensure_checkpoint(family, "tiny", seed, root)
