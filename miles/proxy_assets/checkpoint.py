@@ -27,8 +27,8 @@ from miles.models.families.base import ComponentSpec
 from miles.models.registry import get_family
 from miles.models.runtime import quiet_libraries
 from miles.models.tokenizer import build_tokenizer
-from miles.proxy_assets import checkpoint_name
-from miles.proxy_assets.vae_fit import FIT_VERSION, FITTED_VAES, fit_vae
+from miles.proxy_assets import FITTED_VAES, checkpoint_name, fit_marker
+from miles.proxy_assets.vae_fit import fit_vae
 from miles.utils.dotted_path import load_callable
 
 SIZES = ("tiny", "proxy")
@@ -37,7 +37,7 @@ SIZES = ("tiny", "proxy")
 def vae_fit_marker(family: str, size: str) -> int | None:
     """What `_miles_vae_fit` in model_index.json says for a checkpoint built now (None: not fitted)."""
     vae = get_family(family).module.components(size).get("vae")
-    return FIT_VERSION if size == "tiny" and vae is not None and vae.class_name in FITTED_VAES else None
+    return fit_marker(size, vae.class_name if vae is not None else None)
 
 
 def build_component(spec: ComponentSpec, seed: int):

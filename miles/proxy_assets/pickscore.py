@@ -11,7 +11,7 @@ import shutil
 import uuid
 from pathlib import Path
 
-from miles.proxy_assets import tiny_pickscore_name
+from miles.proxy_assets import is_built_pickscore, tiny_pickscore_name
 from miles.proxy_assets.prompts import PROMPT_KINDS, prompt_records
 from miles.rollout.rm_hub.pickscore import image_processor_class
 
@@ -81,7 +81,7 @@ def ensure_tiny_pickscore(root: str | Path, seed: int = 0) -> Path:
     name = tiny_pickscore_name(seed)
     out = root / name
     with FileLock(str(root / f".{name}.lock")):
-        if (out / "config.json").is_file():
+        if is_built_pickscore(out):
             return out
         tmp = root / f".{name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         try:

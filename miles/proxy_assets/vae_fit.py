@@ -21,14 +21,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-FIT_VERSION = 1  # recorded in model_index.json; bump when the fit changes, so cached checkpoints rebuild
 
 # VAEs whose encode/decode take videos [B, C, F, H, W]; images are fitted as one-frame videos
 VIDEO_VAES = ("AutoencoderKLQwenImage", "AutoencoderKLWan", "AutoencoderKLLTXVideo")
 SUPPORTED_VAES = ("AutoencoderKL",) + VIDEO_VAES  # what fit_vae can fit
-# what create_checkpoint fits at size tiny: each under ~10 s on one core. The Wan and Qwen-Image
-# VAEs (causal 3D convolutions) take about 18-20 s and fit worse in that budget, so they stay random.
-FITTED_VAES = ("AutoencoderKL", "AutoencoderKLLTXVideo")
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 from typing import NamedTuple, Optional, Protocol
 
-from miles.proxy_assets import checkpoint_name, tiny_pickscore_name
+from miles.proxy_assets import checkpoint_name, is_built_pickscore, is_current_checkpoint, tiny_pickscore_name
 from miles.utils.external_utils.launch_mode import is_dry_run
 from miles.utils.external_utils.recipe_options import RolloutScale
 
@@ -41,8 +41,9 @@ def ensure_recipe_checkpoint(family: str, size: Optional[str], model_dir: PathLi
     model_dir = Path(model_dir)
     if size is None:
         return str(model_dir / released)
-    if is_dry_run():
-        return str(model_dir / checkpoint_name(family, size, SEED))
+    cached = model_dir / checkpoint_name(family, size, SEED)
+    if is_dry_run() or is_current_checkpoint(cached, size):
+        return str(cached)
     from miles.proxy_assets.checkpoint import ensure_checkpoint
 
     return str(ensure_checkpoint(family, size, SEED, model_dir))
@@ -53,8 +54,9 @@ def ensure_pickscore(size: Optional[str], model_dir: PathLike) -> str:
     model_dir = Path(model_dir)
     if size is None:
         return str(model_dir / RELEASED_PICKSCORE)
-    if is_dry_run():
-        return str(model_dir / tiny_pickscore_name(SEED))
+    cached = model_dir / tiny_pickscore_name(SEED)
+    if is_dry_run() or is_built_pickscore(cached):
+        return str(cached)
     from miles.proxy_assets.pickscore import ensure_tiny_pickscore
 
     return str(ensure_tiny_pickscore(model_dir, seed=SEED))

@@ -7,7 +7,8 @@ import torch
 from miles.proxy_assets.checkpoint import build_component
 from miles.models.loader import load_model
 from miles.models.registry import get_family
-from miles.proxy_assets.vae_fit import FITTED_VAES, deterministic_single_thread, synthetic_images
+from miles.proxy_assets import FITTED_VAES
+from miles.proxy_assets.vae_fit import deterministic_single_thread, synthetic_images
 
 FITTED_FAMILIES = [f for f in ("sd3", "qwen_image", "wan2_2", "cosmos3", "ltx")
                    if get_family(f).module.components("tiny")["vae"].class_name in FITTED_VAES]

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import sys
 import types
 from dataclasses import dataclass
 
+import pytest
+
 import miles.utils.external_utils.command_utils as U
+from miles.proxy_assets import FIT_VERSION
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -65,6 +69,43 @@ def test_outside_a_dry_run_the_makers_are_called_once_each(tmp_path, monkeypatch
     assert made == [("prompts", "general", 64, 0), ("prompts", "general", 64, 1), ("ckpt", "wan2_2", "proxy"),
                     ("pickscore",)]
     assert assets.checkpoint.endswith("made-wan2_2-proxy") and assets.pickscore.endswith("made-pickscore")
+
+
+def _cached_checkpoint(root, family, size, vae_class, marker):
+    path = root / f"miles-{family}-{size}-seed0"
+    path.mkdir(parents=True)
+    index = {"vae": ["diffusers", vae_class]} | ({"_miles_vae_fit": marker} if marker is not None else {})
+    (path / "model_index.json").write_text(json.dumps(index))
+    return path
+
+
+def test_a_current_cached_checkpoint_and_pickscore_are_used_without_calling_the_makers(tmp_path, monkeypatch):
+    monkeypatch.setenv("MILES_SCRIPT_ENABLE_RAY_SUBMIT", "1")
+    for name in ("miles.proxy_assets.checkpoint", "miles.proxy_assets.pickscore"):
+        monkeypatch.setitem(sys.modules, name, None)  # importing a maker would raise
+    fitted = _cached_checkpoint(tmp_path, "sd3", "tiny", "AutoencoderKL", FIT_VERSION)
+    unfitted = _cached_checkpoint(tmp_path, "wan2_2", "tiny", "AutoencoderKLWan", None)
+    (tmp_path / "tiny-pickscore-seed0").mkdir()
+    (tmp_path / "tiny-pickscore-seed0" / "config.json").write_text("{}")
+    assert U.ensure_recipe_checkpoint("sd3", "tiny", tmp_path) == str(fitted)
+    assert U.ensure_recipe_checkpoint("wan2_2", "tiny", tmp_path) == str(unfitted)
+    assert U.ensure_pickscore("tiny", tmp_path) == str(tmp_path / "tiny-pickscore-seed0")
+
+
+@pytest.mark.parametrize("index", [None, "not json", {"_miles_vae_fit": FIT_VERSION},
+                                   {"vae": ["diffusers", "AutoencoderKL"]},
+                                   {"vae": ["diffusers", "AutoencoderKL"], "_miles_vae_fit": FIT_VERSION - 1}])
+def test_an_incomplete_or_stale_cached_checkpoint_goes_to_the_maker(tmp_path, monkeypatch, index):
+    monkeypatch.setenv("MILES_SCRIPT_ENABLE_RAY_SUBMIT", "1")
+    made = []
+    monkeypatch.setitem(sys.modules, "miles.proxy_assets.checkpoint", types.SimpleNamespace(
+        ensure_checkpoint=lambda f, s, seed, root: made.append(f) or root / "rebuilt"))
+    path = tmp_path / "miles-sd3-tiny-seed0"
+    path.mkdir()
+    if index is not None:
+        (path / "model_index.json").write_text(index if isinstance(index, str) else json.dumps(index))
+    assert U.ensure_recipe_checkpoint("sd3", "tiny", tmp_path) == str(tmp_path / "rebuilt")
+    assert made == ["sd3"]
 
 
 def test_pickscore_workers_share_the_reward_gpus_or_a_share_of_the_train_gpu():
