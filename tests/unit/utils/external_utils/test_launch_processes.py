@@ -2,6 +2,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from miles.utils.external_utils.local_cluster import HEAD_ROLE, end_recorded_run
 from miles.utils.external_utils.processes import (
@@ -137,6 +138,12 @@ def _leaderless_session_child(env):
         env=env, stdout=subprocess.PIPE, text=True, start_new_session=True)
     child = int(starter.stdout.readline())
     starter.wait(timeout=10)
+    # `$!` is known at the fork, before the child has exec'd `env -u`: until then it still carries
+    # the token (seen once under a loaded suite); wait for the sleeper's own command line
+    deadline = time.monotonic() + 10
+    while b"time.sleep(120)" not in Path(f"/proc/{child}/cmdline").read_bytes():
+        assert time.monotonic() < deadline, "the daemon never started"
+        time.sleep(0.01)
     return starter.pid, child
 
 
