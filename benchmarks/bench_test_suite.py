@@ -45,7 +45,11 @@ DEFAULT_CASES = ("run_diffusion_nft_sd3_pickscore-cpu", "run_diffusion_grpo_tiny
 
 def pytest(tree: Path, args: list[str], results: Path, env: dict[str, str] | None = None) -> tuple[float, int, Path]:
     junit = results / "junit.xml"
-    env = {**os.environ, "MILES_RESULTS_DIR": str(results / "records"), "PYTHONPATH": str(tree), **(env or {})}
+    env = {**os.environ, "MILES_RESULTS_DIR": str(results / "records"), **(env or {})}
+    if tree.resolve() != REPO:
+        # the installed package is this checkout's; an earlier commit's tree goes first on the path
+        # (its dry snapshots then fail: they record the launcher's PYTHONPATH, which it prepends to)
+        env["PYTHONPATH"] = str(tree)
     start = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "pytest", *args, "-p", "no:cacheprovider", f"--junitxml={junit}",
                            "-q"], cwd=tree, env=env, capture_output=True, text=True)
