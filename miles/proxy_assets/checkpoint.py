@@ -27,7 +27,7 @@ from miles.models.families.base import ComponentSpec
 from miles.models.registry import get_family
 from miles.models.runtime import quiet_libraries
 from miles.models.tokenizer import build_tokenizer
-from miles.proxy_assets import FITTED_VAES, checkpoint_name, fit_marker
+from miles.proxy_assets import FITTED_VAES, checkpoint_name, fit_marker, is_current_checkpoint
 from miles.proxy_assets.vae_fit import fit_vae
 from miles.utils.dotted_path import load_callable
 
@@ -104,20 +104,9 @@ def ensure_checkpoint(family: str, size: str, seed: int, root: str | os.PathLike
     root.mkdir(parents=True, exist_ok=True)
     path = root / checkpoint_name(family, size, seed)
     with FileLock(str(path) + ".lock"):
-        if not _is_current(path, family, size):
+        if not is_current_checkpoint(path, size):
             create_checkpoint(family, size, seed, path, overwrite=True)
     return path
-
-
-def _is_current(path: Path, family: str, size: str) -> bool:
-    index_file = path / "model_index.json"
-    if not index_file.is_file():
-        return False
-    try:
-        index = json.loads(index_file.read_text())
-    except (OSError, json.JSONDecodeError):
-        return False
-    return index.get("_miles_vae_fit") == vae_fit_marker(family, size)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -85,7 +85,8 @@ def test_ensure_checkpoint_rebuilds_a_tiny_checkpoint_cached_before_the_fit(tmp_
     def fake_create(family, size, seed, out, overwrite=False):
         out.mkdir(parents=True, exist_ok=True)
         marker = cc.vae_fit_marker(family, size)
-        (out / "model_index.json").write_text(json.dumps({} if marker is None else {"_miles_vae_fit": marker}))
+        index = {"vae": ["diffusers", "AutoencoderKL"]}  # as a real build records its VAE
+        (out / "model_index.json").write_text(json.dumps(index if marker is None else {**index, "_miles_vae_fit": marker}))
         built.append(family)
         return out
 
