@@ -1,0 +1,147 @@
+"""`python3 -m miles.export SOURCE --out DIR`: a checkpoint as what diffusers loads.
+
+SOURCE is a run dir, its checkpoints dir or one rollout_NNNNNN dir. A LoRA run gives its adapter
+in the diffusers LoRA format (`pipe.load_lora_weights(DIR)`), a full fine-tune its transformer
+folder(s) in diffusers layout, or with --pipeline a whole pipeline folder
+(`DiffusionPipeline.from_pretrained(DIR)`); a model card README.md comes with either. The result
+is written beside --out under a temporary name and renamed to it once whole.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import sys
+from pathlib import Path
+
+from miles.export.source import ExportError
+
+_SIZE = re.compile(r"^(\d+)\s*(B|KB|MB|GB)?$", re.IGNORECASE)
+_UNITS = {None: 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9}
+
+
+def shard_size(value: str) -> int:
+    matched = _SIZE.match(value.strip())
+    if matched is None or int(matched.group(1)) < 1:
+        raise argparse.ArgumentTypeError(f"expected a size like 5GB, 500MB or 1000000 (bytes), got {value!r}")
+    return int(matched.group(1)) * _UNITS[matched.group(2) and matched.group(2).upper()]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python3 -m miles.export", description=__doc__.splitlines()[0])
+    p.add_argument("source", help="a run dir, its checkpoints dir, or one rollout_NNNNNN checkpoint dir")
+    p.add_argument("--out", required=True, help="the folder to write (refused if it exists, unless --overwrite)")
+    p.add_argument("--rollout", default="latest", help="rollout id of the checkpoint to export (default: latest)")
+    p.add_argument("--ema", action="store_true", help="export the EMA shadow weights (runs with --use-ema)")
+    p.add_argument("--pipeline", action="store_true",
+                   help="full fine-tunes: a complete pipeline folder, the base's other components linked or copied")
+    p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
+    p.add_argument("--family", default=None, help="refuse unless the checkpoint is of this family")
+    p.add_argument("--max-shard-size", type=shard_size, default=shard_size("5GB"),
+                   help="largest safetensors shard of an exported transformer (5GB, 500MB, bytes)")
+    return p
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    args = build_parser().parse_args(argv)
+    if args.rollout != "latest" and not args.rollout.isdigit():
+        raise ExportError(f"--rollout {args.rollout}: expected a rollout id (0, 1, ...) or latest")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = parse_args(argv)
+        out = export(args)
+    except ExportError as err:
+        print(f"error: {err}", file=sys.stderr, flush=True)
+        return 1
+    print(out)
+    return 0
+
+
+def export(args: argparse.Namespace) -> Path:
+    from miles.export.source import locate
+
+    out = Path(args.out)
+    if out.exists() and not args.overwrite:
+        raise ExportError(f"--out {out} exists; pass --overwrite to replace it, or another --out")
+    source = locate(args.source, args.rollout, args.family)
+    if args.pipeline and source.lora is not None:
+        raise ExportError("--pipeline: this is a LoRA checkpoint; it exports as an adapter for "
+                          "pipe.load_lora_weights on the base pipeline: drop --pipeline")
+    partial = out.parent / f".{out.name}.partial-{os.getpid()}"
+    if partial.exists():
+        shutil.rmtree(partial)
+    partial.mkdir(parents=True)
+    try:
+        write_export(partial, source, args)
+        _replace(partial, out)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    return out
+
+
+def write_export(folder: Path, source, args: argparse.Namespace) -> None:
+    from miles.export.card import model_card
+    from miles.export.lora import write_lora
+    from miles.export.pipeline import add_base_components
+    from miles.export.tensors import EMA, MODEL, open_tensors
+    from miles.export.transformer import write_transformer
+
+    reader = open_tensors(source.checkpoint, source.backend)
+    kind = EMA if args.ema else MODEL
+    components = reader.components(kind)
+    if not components:
+        raise ExportError(f"{source.checkpoint} holds no EMA weights (the run had no --use-ema): drop --ema"
+                          if args.ema else f"{source.checkpoint} holds no trained weights")
+    if source.lora is not None:
+        files = [write_lora(folder, source.lora, c, reader, kind).name for c in components]
+    else:
+        files = [write_transformer(folder, source.base / c, c, reader, kind, args.max_shard_size).name + "/"
+                 for c in components]
+        if args.pipeline:
+            add_base_components(folder, source.base, components)
+    (folder / "README.md").write_text(model_card(source, kind, files, how_to_load(source, components, args)))
+
+
+def how_to_load(source, components: list[str], args: argparse.Namespace) -> str:
+    from miles.models.registry import get_family
+
+    pipeline = get_family(source.family).pipeline_class
+    head = f"import diffusers\nbase = {str(source.base)!r}\nexport = {str(args.out)!r}\n"
+    if source.lora is not None:
+        from miles.export.lora import weight_name
+
+        lines = [f"pipe = diffusers.{pipeline}.from_pretrained(base)"]
+        for c in components:
+            target = "" if c == "transformer" else ", load_into_transformer_2=True"
+            lines.append(f"pipe.load_lora_weights(export, weight_name={weight_name(c)!r}{target})"
+                         if hasattr(_diffusers_class(pipeline), "load_lora_weights") else
+                         f"pipe.{c}.load_lora_adapter(export, weight_name={weight_name(c)!r}, prefix='transformer')")
+        return head + "\n".join(lines)
+    if args.pipeline:
+        return head + f"pipe = diffusers.{pipeline}.from_pretrained(export)"
+    lines = [f"pipe = diffusers.{pipeline}.from_pretrained(base)"]
+    lines += [f"pipe.{c} = type(pipe.{c}).from_pretrained(export, subfolder={c!r})" for c in components]
+    return head + "\n".join(lines)
+
+
+def _diffusers_class(name: str):
+    import diffusers
+
+    return getattr(diffusers, name)
+
+
+def _replace(partial: Path, out: Path) -> None:
+    """Rename the finished folder into place; an old --out (under --overwrite) goes only after."""
+    if not out.exists():
+        os.rename(partial, out)
+        return
+    old = out.parent / f".{out.name}.old-{os.getpid()}"
+    os.rename(out, old)
+    os.rename(partial, out)
+    shutil.rmtree(old) if old.is_dir() else old.unlink()
