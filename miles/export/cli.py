@@ -65,6 +65,8 @@ def main(argv: list[str] | None = None) -> int:
 def export(args: argparse.Namespace) -> Path:
     from miles.export.source import locate
 
+    from safetensors import SafetensorError
+
     out = Path(args.out)
     if out.exists() and not args.overwrite:
         raise ExportError(f"--out {out} exists; pass --overwrite to replace it, or another --out")
@@ -79,6 +81,14 @@ def export(args: argparse.Namespace) -> Path:
     try:
         write_export(partial, source, args)
         _replace(partial, out)
+    except ExportError:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    except (OSError, RuntimeError, ValueError, SafetensorError) as err:  # a corrupt file, a full disk
+        shutil.rmtree(partial, ignore_errors=True)
+        reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise ExportError(f"exporting {source.checkpoint} failed ({type(err).__name__}: {reason}); "
+                          f"--out {out} was not written") from err
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
         raise

@@ -79,6 +79,7 @@ def test_the_layer_order_is_read_from_the_architecture_doc():
         [{"utils.external_utils"}, {"proxy_assets"}, {"rollout"}, {"models"}, {"utils"}],
         [{"ray"}, {"backends", "rollout"}, {"models"}, {"utils"}],
         [{"testing"}, {"utils.external_utils"}, {"utils"}],
+        [{"export"}, {"backends"}, {"models"}, {"utils"}],
     ]
 
 

@@ -42,27 +42,32 @@ def trained_rank(base: Path, argv: list[str], seed: int = 0, scale: float = 0.05
         module = rank.model.transformers[component]
         attach_lora(module, rank.lora) if rank.lora else module.requires_grad_(True)
     rank.params = rank._trained_params()
-    rank.ema = EMA(rank.params, 0.5) if args.use_ema else None
     generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in rank.params.values():
-            p.add_(scale * torch.randn(p.shape, generator=generator))
+    rank.ema = None
+    for step in range(2 if args.use_ema else 1):  # with EMA: its shadow stays between the two steps
+        if step == 1:
+            rank.ema = EMA(rank.params, 0.5)
+        with torch.no_grad():
+            for p in rank.params.values():
+                p.add_(scale * torch.randn(p.shape, generator=generator))
     if rank.ema is not None:
         rank.ema.update(rank.params)
     rank.optimizer = torch.optim.AdamW(list(rank.params.values()), lr=1e-3)
     return rank
 
 
-def make_run(run_dir: Path, base: Path, family: str, *, lora: bool, ema: bool = False, rollout_id: int = 2):
-    """A run dir with run.json, metrics.jsonl and one committed checkpoint; returns (run dir, rank)."""
-    from miles.backends import checkpoint as ckpt
-
-    argv = train_argv(base, family, run_dir, lora, ema)
-    run_dir.mkdir(parents=True)
+def write_run_records(run_dir: Path, argv: list[str], rollout_id: int) -> None:
     (run_dir / "run.json").write_text(json.dumps({"argv": argv, "resumed": False, "start_rollout_id": 0}))
     rows = [{"rollout_id": i, "rollout/reward/raw_mean": 0.25 + 0.125 * i, "perf/rollout_time": 1.0}
             for i in range(rollout_id + 1)]
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def make_run(run_dir: Path, base: Path, family: str, *, lora: bool, ema: bool = False, rollout_id: int = 2):
+    """A run dir with run.json, metrics.jsonl and one committed checkpoint; returns (run dir, rank)."""
+    argv = train_argv(base, family, run_dir, lora, ema)
+    run_dir.mkdir(parents=True)
+    write_run_records(run_dir, argv, rollout_id)
     rank = trained_rank(base, argv)
     commit(rank, run_dir / "checkpoints", rollout_id)
     return run_dir, rank
@@ -76,6 +81,46 @@ def commit(rank, root: Path, rollout_id: int) -> Path:
     rank.save(str(staging))
     (staging / "trainer.json").write_text(json.dumps({"rollout_id": rollout_id}) + "\n")
     return ckpt.commit(staging, root, rollout_id)
+
+
+def fsdp_rank(rank_id: int, port: int, base: str, run_dir: str, lora: bool) -> None:
+    """One of 2 spawned ranks: the same trained weights as `trained_rank` gives the dp run (same
+    seed), sharded with the trainer's FSDP2 units, EMA included, saved by TrainRank.save's fsdp
+    path into <run_dir>/checkpoints/rollout_000002."""
+    import torch.distributed as dist
+    from torch.distributed.tensor import distribute_tensor
+
+    from miles.backends import checkpoint as ckpt
+    from miles.backends import fsdp
+    from miles.backends.ema import EMA
+    from miles.models.runtime import configure_torch
+
+    configure_torch(num_threads=1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank_id, world_size=2)
+    run_dir = Path(run_dir)
+    rank = trained_rank(Path(base), train_argv(Path(base), "sd3", run_dir, lora, ema=True, backend="fsdp"))
+    rank.rank, rank.world_size = rank_id, 2
+    shadow = rank.ema.shadow
+    fsdp.shard_model(rank.model, rank.components, fsdp.device_mesh(torch.device("cpu"), 2), torch.float32,
+                     torch.float32)
+    rank.params = rank._trained_params()
+    rank.ema = EMA(rank.params, 0.5)
+    for name, p in rank.params.items():
+        rank.ema.shadow[name] = distribute_tensor(shadow[name], p.device_mesh, p.placements)
+    rank.optimizer = torch.optim.AdamW(list(rank.params.values()), lr=1e-3)
+    root = run_dir / "checkpoints"
+    staging = root / ".staging_rollout_000002"
+    if rank_id == 0:
+        root.mkdir(parents=True)
+        staging = ckpt.staging_dir(root, 2)
+    dist.barrier()
+    rank.save(str(staging))
+    dist.barrier()
+    if rank_id == 0:
+        (staging / "trainer.json").write_text(json.dumps({"rollout_id": 2}) + "\n")
+        ckpt.commit(staging, root, 2)
+    dist.barrier()
+    dist.destroy_process_group()
 
 
 def export(*argv) -> int:
