@@ -36,6 +36,7 @@ Example:
     python3 scripts/run_diffusion_grpo_pickscore_5gpu_flowgrpo_aligned.py --scale cpu-proxy
     MILES_SCRIPT_ENABLE_RAY_SUBMIT=0 python3 scripts/run_diffusion_grpo_pickscore_5gpu_flowgrpo_aligned.py --output-dir /tmp/dry
 Resume a killed run: the same --run-id plus --extra-args "--load <output-dir>/<run-id>/checkpoints".
+Use what it trained: python3 -m miles.export <output-dir>/<run-id> --out DIR (docs/using-what-you-trained.md).
 """
 
 from dataclasses import dataclass

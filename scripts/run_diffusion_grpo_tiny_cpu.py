@@ -26,6 +26,7 @@ Example:
     MILES_SCRIPT_ENABLE_RAY_SUBMIT=0 python3 scripts/run_diffusion_grpo_tiny_cpu.py --output-dir /tmp/dry
 The run writes metrics.jsonl, run.json, curves.png and last_rollout.png to <output-dir>/<run-id>/.
 Resume a killed run: the same --run-id plus --extra-args "--load <output-dir>/<run-id>/checkpoints".
+Use what it trained: python3 -m miles.export <output-dir>/<run-id> --out DIR (docs/using-what-you-trained.md).
 """
 
 from dataclasses import dataclass, field

@@ -50,6 +50,7 @@ Example:
     python3 scripts/run_diffusion_grpo_wan22_pickscore_17gpu_multinode.py --scale gpu-proxy --cuda-visible-devices 0,1,2,3
     python3 scripts/run_diffusion_grpo_wan22_pickscore_17gpu_multinode.py --scale cpu-proxy
 Resume a killed run: the same --run-id plus --extra-args "--load <output-dir>/<run-id>/checkpoints".
+Use what it trained: python3 -m miles.export <output-dir>/<run-id> --out DIR (docs/using-what-you-trained.md).
 """
 
 import dataclasses
