@@ -57,7 +57,8 @@ def model_card(source: CheckpointSource, kind: str, files: list[str], how_to_loa
     lines = [
         "---", "library_name: diffusers", f"base_model: {source.base}", "tags: [miles-diffusion, "
         f"{'lora' if source.lora else 'full-finetune'}, {source.family}]", "---", "",
-        f"# {source.family} {'LoRA' if source.lora else 'fine-tune'} from {source.run_dir.name}, rollout {source.rollout_id}",
+        f"# {source.family} {'LoRA' if source.lora else 'fine-tune'} from {source.run_dir.name}, "
+        f"rollout {source.rollout_id}",
         "",
         f"- recipe: `{recipe_of(source.run_dir)}`",
         f"- base checkpoint: `{source.base}` (revision: {base_revision(source.base)})",

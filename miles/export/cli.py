@@ -16,7 +16,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from miles.export.source import ExportError
+from miles.export.errors import ExportError
 
 _SIZE = re.compile(r"^(\d+)\s*(B|KB|MB|GB)?$", re.IGNORECASE)
 _UNITS = {None: 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9}

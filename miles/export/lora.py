@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 
 from miles.backends.lora import ADAPTER_NAME, LoraSpec, is_lora_param
-from miles.export.source import ExportError
+from miles.export.errors import ExportError
 
 LORA_WEIGHT_NAME = "pytorch_lora_weights.safetensors"
 METADATA_KEY = "lora_adapter_metadata"  # diffusers.loaders.lora_base.LORA_ADAPTER_METADATA_KEY

@@ -17,16 +17,13 @@ from pathlib import Path
 from miles.backends import checkpoint as ckpt
 from miles.backends.fsdp import MANIFEST, read_manifest
 from miles.backends.lora import LoraSpec, lora_spec_from_args
+from miles.export.errors import ExportError
 from miles.models.registry import detect_family
 from miles.utils.families import get_family_facts
 
 RUN_RECORD = "run.json"
 STAGING_PREFIX = ".staging_"
 ROLLOUT_DIR = re.compile(r"^rollout_(\d+)$")
-
-
-class ExportError(ValueError):
-    """A refusal: the message is the one line the user sees."""
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from miles.export.source import ExportError
+from miles.export.errors import ExportError
 from miles.export.tensors import TensorInfo, safetensors_dtype
 
 WEIGHTS_NAME = "diffusion_pytorch_model"
@@ -36,8 +36,8 @@ class BaseWeights:
         index = folder / INDEX_NAME
         if index.is_file():
             self.files = {n: folder / f for n, f in json.loads(index.read_text())["weight_map"].items()}
-        elif (folder / f"{WEIGHTS_NAME}.safetensors").is_file():
-            self.files = dict.fromkeys(_keys(folder / f"{WEIGHTS_NAME}.safetensors"), folder / f"{WEIGHTS_NAME}.safetensors")
+        elif (single := folder / f"{WEIGHTS_NAME}.safetensors").is_file():
+            self.files = dict.fromkeys(_keys(single), single)
         else:
             raise ExportError(f"the base's {folder} has no {WEIGHTS_NAME}.safetensors (nor an index); "
                               f"the export needs the base's weights in safetensors")
