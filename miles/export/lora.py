@@ -54,4 +54,24 @@ def write_lora(out: Path, spec: LoraSpec, component: str, reader, kind: str) -> 
     path = out / weight_name(component)
     save_file({diffusers_key(n): tensors[n].contiguous() for n in names}, str(path),
               metadata={"format": "pt", METADATA_KEY: adapter_metadata(spec)})
+    sort_header_metadata(path)
     return path
+
+
+def sort_header_metadata(path: Path) -> None:
+    """Rewrite the file's header with its metadata keys sorted, in place.
+
+    safetensors keeps metadata in a hash map whose order changes from process to process, so
+    the same tensors and metadata would not give the same bytes; the tensors' entries and data
+    are already in a fixed order. The rewritten JSON has the same length (same pairs, compact),
+    padded with spaces as safetensors pads it, so no data offset moves."""
+    with open(path, "r+b") as f:
+        length = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(length))
+        header["__metadata__"] = dict(sorted(header["__metadata__"].items()))
+        header = {"__metadata__": header.pop("__metadata__"), **header}
+        text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
+        if len(text) > length:
+            raise ExportError(f"{path}: its safetensors header did not keep its length when sorted; report this")
+        f.seek(8)
+        f.write(text + b" " * (length - len(text)))

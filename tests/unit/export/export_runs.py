@@ -38,6 +38,7 @@ def trained_rank(base: Path, argv: list[str], seed: int = 0, scale: float = 0.05
     rank.model = load_model(base, family=args.diffusion_model_family)
     rank.components = list(rank.model.spec.transformer_components)
     rank.lora = lora_spec_from_args(args, rank.model.spec)
+    torch.manual_seed(seed)  # LoRA's A starts random: seeded as TrainRank.setup seeds it, the same in every process
     for component in rank.components:
         module = rank.model.transformers[component]
         attach_lora(module, rank.lora) if rank.lora else module.requires_grad_(True)
@@ -83,22 +84,30 @@ def commit(rank, root: Path, rollout_id: int) -> Path:
     return ckpt.commit(staging, root, rollout_id)
 
 
-def fsdp_rank(rank_id: int, port: int, base: str, run_dir: str, lora: bool) -> None:
-    """One of 2 spawned ranks: the same trained weights as `trained_rank` gives the dp run (same
-    seed), sharded with the trainer's FSDP2 units, EMA included, saved by TrainRank.save's fsdp
-    path into <run_dir>/checkpoints/rollout_000002."""
+def fsdp_ranks(rank_id: int, port: int, base: str, runs: list[tuple[str, bool]]) -> None:
+    """One of 2 spawned ranks; for each (run dir, lora): the same trained weights as `trained_rank`
+    gives the dp run (same seed), sharded with the trainer's FSDP2 units, EMA included, saved by
+    TrainRank.save's fsdp path into <run dir>/checkpoints/rollout_000002."""
+    import torch.distributed as dist
+
+    from miles.models.runtime import configure_torch
+
+    configure_torch(num_threads=1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank_id, world_size=2)
+    for run_dir, lora in runs:
+        _save_sharded_run(rank_id, Path(base), Path(run_dir), lora)
+    dist.destroy_process_group()
+
+
+def _save_sharded_run(rank_id: int, base: Path, run_dir: Path, lora: bool) -> None:
     import torch.distributed as dist
     from torch.distributed.tensor import distribute_tensor
 
     from miles.backends import checkpoint as ckpt
     from miles.backends import fsdp
     from miles.backends.ema import EMA
-    from miles.models.runtime import configure_torch
 
-    configure_torch(num_threads=1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank_id, world_size=2)
-    run_dir = Path(run_dir)
-    rank = trained_rank(Path(base), train_argv(Path(base), "sd3", run_dir, lora, ema=True, backend="fsdp"))
+    rank = trained_rank(base, train_argv(base, "sd3", run_dir, lora, ema=True, backend="fsdp"))
     rank.rank, rank.world_size = rank_id, 2
     shadow = rank.ema.shadow
     fsdp.shard_model(rank.model, rank.components, fsdp.device_mesh(torch.device("cpu"), 2), torch.float32,
@@ -120,7 +129,6 @@ def fsdp_rank(rank_id: int, port: int, base: str, run_dir: str, lora: bool) -> N
         (staging / "trainer.json").write_text(json.dumps({"rollout_id": 2}) + "\n")
         ckpt.commit(staging, root, 2)
     dist.barrier()
-    dist.destroy_process_group()
 
 
 def export(*argv) -> int:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch.multiprocessing as mp
 
-from export_runs import export, fsdp_rank, make_run, train_argv, write_run_records
+from export_runs import export, fsdp_ranks, make_run, train_argv, write_run_records
 from miles.utils.ports import free_ports
 
 
@@ -18,27 +18,27 @@ def files_of(folder: Path) -> dict[str, bytes]:
 
 
 def test_fsdp_shards_from_two_ranks_export_to_the_bytes_of_the_dp_checkpoint(tmp_path, tiny_checkpoint):
-    """One test (one spawn of 2 ranks): the trained weights and the EMA shadow, each exported from
-    both checkpoints in shards of 300KB."""
+    """One test (one spawn of 2 ranks): a full fine-tune (in shards of 300KB) and a LoRA, their
+    trained weights and their EMA shadows, each exported from both checkpoints."""
     base = tiny_checkpoint("sd3")
-    dp, _ = make_run(tmp_path / "dp", base, "sd3", lora=False, ema=True)
-    sharded = tmp_path / "fsdp"
-    sharded.mkdir()
-    write_run_records(sharded, train_argv(base, "sd3", sharded, lora=False, ema=True, backend="fsdp"), 2)
-    mp.start_processes(_rank, args=(free_ports(1)[0], str(base), str(sharded)), nprocs=2, join=True,
+    kinds = {"full": False, "lora": True}
+    for kind, lora in kinds.items():
+        make_run(tmp_path / "dp" / kind, base, "sd3", lora=lora, ema=True)
+        sharded = tmp_path / "fsdp" / kind
+        sharded.mkdir(parents=True)
+        write_run_records(sharded, train_argv(base, "sd3", sharded, lora=lora, ema=True, backend="fsdp"), 2)
+    runs = [(str(tmp_path / "fsdp" / kind), lora) for kind, lora in kinds.items()]
+    mp.start_processes(fsdp_ranks, args=(free_ports(1)[0], str(base), runs), nprocs=2, join=True,
                        start_method="spawn")
-    assert (sharded / "checkpoints" / "rollout_000002" / "__1_0.distcp").is_file()  # really two ranks' shards
     exported = {}
-    for weights in ("trained", "ema"):
-        for run in (dp, sharded):
-            out = tmp_path / "out" / weights / run.name
-            assert export(run, "--out", out, "--max-shard-size", "300KB", *(["--ema"] if weights == "ema" else [])) == 0
-            exported[weights, run.name] = files_of(out)
-        assert sum(name.endswith(".safetensors") for name in exported[weights, "dp"]) > 1  # several shards
-        assert exported[weights, "dp"] == exported[weights, "fsdp"]
-    assert exported["trained", "dp"].keys() == exported["ema", "dp"].keys()
-    assert exported["trained", "dp"] != exported["ema", "dp"]  # --ema exports the shadow, not the weights
-
-
-def _rank(rank_id, port, base, run_dir):
-    fsdp_rank(rank_id, port, base, run_dir, lora=False)
+    for kind in kinds:
+        assert (tmp_path / "fsdp" / kind / "checkpoints" / "rollout_000002" / "__1_0.distcp").is_file()  # 2 ranks
+        for weights in ("trained", "ema"):
+            for backend in ("dp", "fsdp"):
+                out = tmp_path / "out" / kind / weights / backend
+                flags = ["--max-shard-size", "300KB"] + (["--ema"] if weights == "ema" else [])
+                assert export(tmp_path / backend / kind, "--out", out, *flags) == 0
+                exported[kind, weights, backend] = files_of(out)
+            assert exported[kind, weights, "dp"] == exported[kind, weights, "fsdp"]
+        assert exported[kind, "trained", "dp"] != exported[kind, "ema", "dp"]  # --ema exports the shadow
+    assert sum(name.endswith(".safetensors") for name in exported["full", "trained", "dp"]) > 1  # several shards
