@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from ci.cases import PYTHON, Case
+from ci.gpu_shares import devices_of
 from ci.history import History, ThresholdRegistry, measurement_from_result
 from ci.process_group import end_group
 from ci.results import CaseResult, read_harness_result, settle_outcome, tail
@@ -41,6 +42,8 @@ class RunSettings:
     pytest_args: Sequence[str] = ()
     timeout_grace: float = OUTER_TIMEOUT_GRACE
     gpu_wait: float = DEFAULT_GPU_WAIT
+    # GPU cases run on shares of a device (--gpu-shares): their leases must not wait for it idle
+    gpu_shared: bool = False
 
     @property
     def results_dir(self) -> Path:
@@ -59,6 +62,8 @@ def case_argv(case: Case, settings: RunSettings) -> list[str]:
     cmd = [PYTHON, "-m", "pytest", str(case.nodeid), "-q", "-p", "no:cacheprovider"]
     if case.gpus and settings.gpu_wait:
         cmd.append(f"--miles-gpu-wait={settings.gpu_wait:g}")
+    if case.gpus and settings.gpu_shared:
+        cmd.append("--miles-gpu-shared")
     return cmd + list(settings.pytest_args)
 
 
@@ -189,10 +194,11 @@ class SuiteRunner:
         log_path = self.settings.out_dir / "logs" / f"{stem}.log"
         junit = self.settings.out_dir / "junit" / f"{stem}.xml"
         env = dict(os.environ)
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(self.settings.gpu_labels[g] for g in gpus)
+        labels = [self.settings.gpu_labels[g] for g in gpus]
+        env["CUDA_VISIBLE_DEVICES"] = devices_of(labels)  # shares of one GPU name it once
         env["MILES_RESULTS_DIR"] = str(self.settings.results_dir)
         result = CaseResult(case.name, case.nodeid, case.gpus, case.est_time,
-                            gpus=tuple(self.settings.gpu_labels[g] for g in gpus),
+                            gpus=tuple(dict.fromkeys(labels)),
                             start=offset, log_path=str(log_path))
         command = local_command(case, junit, self.settings)
         with open(log_path, "w") as log:
