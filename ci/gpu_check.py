@@ -134,6 +134,8 @@ def run_suite(scale: str, out: Path, cpus: int) -> int:
     """One Ray cluster declaring the one GPU (logical on the CPU), the suite on its shares."""
     from miles.testing.cluster import LocalRayCluster
 
+    if not os.environ.get("MILES_TEST_MODEL_DIR"):
+        raise SystemExit("run: set MILES_TEST_MODEL_DIR (the checkpoints made by the assets step)")
     out.mkdir(parents=True, exist_ok=True)
     suite = out / "suite.json"
     suite.write_text(json.dumps(suite_entries(scale), indent=1))
@@ -142,7 +144,10 @@ def run_suite(scale: str, out: Path, cpus: int) -> int:
         cmd = [sys.executable, str(REPO / "ci" / "run_suite.py"), "--suite-json", str(suite),
                "--ray-address", cluster.gcs_address, "--gpu-shares", str(SHARES),
                "--gpu-memory-gib", f"{device_gib(scale):.1f}", "--out", str(out),
-               "--plan-json", str(out / "plan.json")]
+               "--plan-json", str(out / "plan.json"),
+               # the cluster's daemons start from a scrubbed environment (no MILES_*): the cases
+               # must still find the checkpoints made ahead
+               "--case-env", "MILES_TEST_MODEL_DIR"]
         print("$", " ".join(cmd), flush=True)
         return subprocess.run(cmd, cwd=REPO).returncode
     finally:

@@ -180,7 +180,7 @@ class RaySuiteRunner:
     def _spec(self, case: Case, attempt: int) -> CaseSpec:
         cwd = None if self.options.working_dir else str(self.settings.workdir)
         return CaseSpec(case.name, tuple(case_argv(case, self.settings)), wants_junit(case), cwd,
-                        case_deadline(case, self.settings), attempt)
+                        case_deadline(case, self.settings), attempt, dict(self.settings.case_env))
 
     def _submit(self, case: Case, number: int, nodes: list[str]) -> None:
         self.attempts[case.name] = number

@@ -83,6 +83,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "one GPU on a single node)")
     p.add_argument("--gpu-memory-gib", type=float,
                    help="memory of one GPU for --gpu-shares (default: NVML's figure for GPU 0)")
+    p.add_argument("--case-env", action="append", default=[], metavar="NAME",
+                   help="give every case this variable's value from the runner's environment "
+                        "(repeatable; on a Ray cluster the cases otherwise see their node's)")
     p.add_argument("pytest_args", nargs="*", help="passed to every case's pytest (after --)")
     return p.parse_args(argv)
 
@@ -196,7 +199,8 @@ def run(args: argparse.Namespace, cases: list[Case], plan: Plan, labels: list[st
     out = (args.out or default_out(suite)).resolve()
     history = History(args.history_db) if args.history_db else None
     settings = RunSettings(out, args.workdir, labels, history, load_thresholds(args.thresholds),
-                           args.pytest_args, gpu_wait=args.gpu_wait, gpu_shared=args.gpu_shares > 1)
+                           args.pytest_args, gpu_wait=args.gpu_wait, gpu_shared=args.gpu_shares > 1,
+                           case_env={name: os.environ[name] for name in args.case_env})
     started = time.monotonic()
     # CI cancels with SIGTERM; turned into SystemExit it reaches the runner's clean-up
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
@@ -301,6 +305,10 @@ def main(argv: list[str] | None = None) -> int:
         return USAGE_ERROR
     if not cases:
         print("no case matches the selection", file=sys.stderr)
+        return USAGE_ERROR
+    unset = [name for name in args.case_env if name not in os.environ]
+    if unset:
+        print(f"--case-env {unset[0]}: {unset[0]} is not set here (set it, or drop the flag)", file=sys.stderr)
         return USAGE_ERROR
     try:
         spec = share_spec(args)

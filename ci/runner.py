@@ -14,9 +14,9 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 from ci.cases import PYTHON, Case
 from ci.gpu_shares import devices_of
@@ -44,6 +44,8 @@ class RunSettings:
     gpu_wait: float = DEFAULT_GPU_WAIT
     # GPU cases run on shares of a device (--gpu-shares): their leases must not wait for it idle
     gpu_shared: bool = False
+    # variables every case gets from the runner's environment (--case-env), also on Ray nodes
+    case_env: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def results_dir(self) -> Path:
@@ -193,7 +195,7 @@ class SuiteRunner:
         stem = safe_filename(case.name)
         log_path = self.settings.out_dir / "logs" / f"{stem}.log"
         junit = self.settings.out_dir / "junit" / f"{stem}.xml"
-        env = dict(os.environ)
+        env = {**os.environ, **self.settings.case_env}
         labels = [self.settings.gpu_labels[g] for g in gpus]
         env["CUDA_VISIBLE_DEVICES"] = devices_of(labels)  # shares of one GPU name it once
         env["MILES_RESULTS_DIR"] = str(self.settings.results_dir)
