@@ -94,6 +94,7 @@ def test_the_runner_runs_the_cases_at_once_on_the_one_gpu(tmp_path, monkeypatch)
     code = run_suite.main(["--suite-json", str(suite), "--gpu-shares", "100", "--gpu-memory-gib", "139",
                            "--out", str(tmp_path / "out"), "--search-iterations", "20"])
     assert code == 0
+    assert "GPUs 0 in 100 shares" in (tmp_path / "out" / "summary.md").read_text()
     runs = [json.loads((tmp_path / f"{c.name}.json").read_text()) for c in CHECK]
     assert {r["cuda"] for r in runs} == {"0"}
     # every case started before any ended: all three held the device at once
