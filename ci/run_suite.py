@@ -119,6 +119,9 @@ def nvml_gpu_memory_gib() -> float | None:
 def share_spec(args: argparse.Namespace) -> ShareSpec | None:
     """None without --gpu-shares; raises ValueError naming the flag when it cannot be used."""
     if args.gpu_shares == 1:
+        if args.gpu_memory_gib is not None:
+            raise ValueError("--gpu-memory-gib sizes the shares of --gpu-shares: give --gpu-shares K too, "
+                             "or drop it")
         return None
     device_gib = args.gpu_memory_gib or nvml_gpu_memory_gib()
     if device_gib is None:

@@ -111,3 +111,5 @@ def test_shares_without_the_devices_memory_or_on_several_gpus_are_refused(tmp_pa
     assert run_suite.main(["--suite-json", str(suite), "--gpu-shares", "10", "--gpu-memory-gib", "80",
                            "--gpus", "2", "--plan"]) == 2
     assert "--gpu-shares splits one GPU" in capsys.readouterr().err
+    assert run_suite.main(["--suite-json", str(suite), "--gpu-memory-gib", "80", "--gpus", "1", "--plan"]) == 2
+    assert "give --gpu-shares K too" in capsys.readouterr().err
