@@ -17,11 +17,11 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import multiprocessing
 import os
 import subprocess
 import sys
 import time
-import multiprocessing
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -78,7 +78,12 @@ def load_recipe(path: str):
 
 def make_assets(case: CheckCase, scale: str, model_dir: Path, data_dir: Path) -> float:
     """The recipe's own prepare() at the case's scale: what the case would make first, made
-    ahead into the cache the harness hands every case (MILES_TEST_MODEL_DIR)."""
+    ahead into the cache the harness hands every case (MILES_TEST_MODEL_DIR). Pinned numerics,
+    as the recipe process pins them before its prepare(): a checkpoint built on the machine's own
+    kernels and thread count has other weights, and the CPU cases miss their standards."""
+    from miles.utils.numerics import pin_this_process
+
+    pin_this_process()  # this is a fresh (spawned) process: torch is not loaded yet
     started = time.monotonic()
     recipe = load_recipe(case.recipe)
     options = {"model_dir": str(model_dir), "data_dir": str(data_dir)}
