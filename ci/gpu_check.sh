@@ -40,18 +40,22 @@ export MILES_TEST_MODEL_DIR="${MILES_TEST_MODEL_DIR:-$PWD/models/gpu-check}"
 mkdir -p "$OUT" "$MILES_TEST_MODEL_DIR"
 rm -rf "$OUT/results" "$OUT/logs" "$OUT/junit"
 
-install_wheels() {  # $1: a glob of wheel names in the wheelhouse
-    local site="${GPU_CHECK_SITE:-/tmp/miles-gpu-check-site}"
+SITE="${GPU_CHECK_SITE:-/tmp/miles-gpu-check-site}"
+if [ -n "${GPU_CHECK_WHEELS:-}" ]; then
+    # the wheels go beside the image's own packages (--target), and the repo runs from its checkout
+    export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}" PATH="$SITE/bin:$PATH"
+fi
+
+install_wheels() {  # $1: wheel paths in the wheelhouse
+    # --upgrade: the second batch's bin/ (Ray's scripts) replaces the first's (diffusers-cli, unused)
     # shellcheck disable=SC2086
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target "$site" $1
+        --target "$SITE" $1
 }
 
 # the wheels the checkpoint makers need go first, so the checkpoints start while the rest installs
 install_first() {
     if [ -n "${GPU_CHECK_WHEELS:-}" ]; then
-        local site="${GPU_CHECK_SITE:-/tmp/miles-gpu-check-site}"
-        export PYTHONPATH="$site:$PWD${PYTHONPATH:+:$PYTHONPATH}" PATH="$site/bin:$PATH"
         install_wheels "$(ls "$GPU_CHECK_WHEELS"/diffusers-*.whl "$GPU_CHECK_WHEELS"/importlib_metadata-*.whl)"
     else
         python3 -m pip install -q diffusers
