@@ -35,6 +35,8 @@ class Case:
     # spread over this many nodes, gpus // nodes on each (Ray mode only)
     nodes: int = 1
     placement: str = "STRICT_SPREAD"
+    # peak GPU memory of a one-GPU case: with --gpu-shares it shares a device (ci/gpu_shares.py)
+    gpu_memory_gib: float | None = None
 
     def __post_init__(self) -> None:
         if self.nodes < 1 or self.gpus % self.nodes:
@@ -62,7 +64,8 @@ class CollectError(RuntimeError):
 def case_from_dict(entry: dict) -> Case:
     """Harness metadata and synthetic suites ({"name", "gpus", "est_time"}) alike; a synthetic
     case may carry a `command` (argv) to run instead of pytest, and a multi-node case `nodes`
-    (its `gpus` split evenly over them) and `placement` (a Ray placement group strategy)."""
+    (its `gpus` split evenly over them) and `placement` (a Ray placement group strategy); a
+    one-GPU case its peak `gpu_memory_gib` (packed by memory under --gpu-shares)."""
     gpus = int(entry.get("gpus") or 0)
     timeout = entry.get("timeout") or DEFAULT_TIMEOUT
     est_time = entry.get("est_time") or timeout
@@ -79,6 +82,7 @@ def case_from_dict(entry: dict) -> Case:
         command=tuple(entry["command"]) if entry.get("command") else None,
         nodes=int(entry.get("nodes") or 1),
         placement=str(entry.get("placement") or "STRICT_SPREAD").upper(),
+        gpu_memory_gib=float(entry["gpu_memory_gib"]) if entry.get("gpu_memory_gib") is not None else None,
     )
 
 

@@ -30,6 +30,7 @@ from ray.util.scheduling_strategies import (NodeAffinitySchedulingStrategy,
 
 from ci.cases import Case
 from ci.cluster_dispatch import ClusterDispatcher, GpuNode
+from ci.gpu_shares import ray_gpu_request
 from ci.scheduler import Plan
 from ci.ray_case import CaseRecord, CaseSpec, LogSink, hold_bundle, run_case
 from ci.results import NODE_LOST, CaseResult, tail
@@ -54,6 +55,7 @@ class RayOptions:
     address: str
     retry_lost: int = 0
     working_dir: Path | None = None  # uploaded as the runtime env's working dir
+    gpu_shares: int = 1  # cases' `gpus` count shares of a GPU (ci/gpu_shares.py), Ray's fractions
 
 
 def connect(options: RayOptions, repo: Path) -> None:
@@ -68,8 +70,9 @@ def connect(options: RayOptions, repo: Path) -> None:
         ray.init(address=options.address, job_config=job, logging_level="WARNING")
 
 
-def gpu_nodes() -> list[GpuNode]:
-    return [GpuNode(n["NodeID"], int(n.get("Resources", {}).get("GPU", 0)))
+def gpu_nodes(shares: int = 1) -> list[GpuNode]:
+    """The live nodes and their GPUs, counted in shares of `shares` per GPU."""
+    return [GpuNode(n["NodeID"], int(n.get("Resources", {}).get("GPU", 0)) * shares)
             for n in ray.nodes() if n.get("Alive")]
 
 
@@ -177,11 +180,12 @@ class RaySuiteRunner:
     def _spec(self, case: Case, attempt: int) -> CaseSpec:
         cwd = None if self.options.working_dir else str(self.settings.workdir)
         return CaseSpec(case.name, tuple(case_argv(case, self.settings)), wants_junit(case), cwd,
-                        case_deadline(case, self.settings), attempt)
+                        case_deadline(case, self.settings), attempt, dict(self.settings.case_env))
 
     def _submit(self, case: Case, number: int, nodes: list[str]) -> None:
         self.attempts[case.name] = number
-        resources = {"num_gpus": case.gpus_per_node, "num_cpus": 0 if case.gpus else 1,
+        num_gpus = ray_gpu_request(case.gpus_per_node, self.options.gpu_shares)
+        resources = {"num_gpus": num_gpus, "num_cpus": 0 if case.gpus else 1,
                      "name": f"ci:{case.name}"}
         args = (self._spec(case, number), self.sink, self._log_name(case))
         if case.nodes == 1:
@@ -192,7 +196,7 @@ class RaySuiteRunner:
             self._track(_Attempt(case, number, _RUN_CASE.options(**resources).remote(*args), [], None,
                                  nodes))
             return
-        group = placement_group([{"GPU": case.gpus_per_node}] * case.nodes,
+        group = placement_group([{"GPU": num_gpus}] * case.nodes,
                                 strategy=case.placement, name=f"ci:{case.name}:{number}")
 
         def in_bundle(index: int) -> PlacementGroupSchedulingStrategy:
@@ -200,7 +204,7 @@ class RaySuiteRunner:
 
         ref = _RUN_CASE.options(**resources, scheduling_strategy=in_bundle(0)).remote(
             *args, case.nodes - 1)
-        holders = [_HOLD.options(num_gpus=case.gpus_per_node, num_cpus=0, name=f"ci:{case.name}:hold",
+        holders = [_HOLD.options(num_gpus=num_gpus, num_cpus=0, name=f"ci:{case.name}:hold",
                                  scheduling_strategy=in_bundle(i)).remote(
                        self.sink, case.name, number, [ref])
                    for i in range(1, case.nodes)]

@@ -26,6 +26,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from ci.cases import Case, CollectError, Selection, collect_cases, load_cases, select  # noqa: E402
+from ci.gpu_shares import ShareSpec, devices_of, on_shares, share_labels  # noqa: E402
 from ci.history import History, load_thresholds  # noqa: E402
 from ci.junit import write_junit  # noqa: E402
 from ci.results import CaseResult  # noqa: E402
@@ -76,6 +77,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "instead of finding the repository at --workdir on each node")
     p.add_argument("--retry-lost", type=int, default=0,
                    help="Ray mode: rerun a case this many times when its node dies under it")
+    p.add_argument("--gpu-shares", type=int, default=1,
+                   help="split each GPU into this many shares and pack one-GPU cases that state "
+                        "their gpu_memory_gib onto them by memory (several cases on one device; "
+                        "one GPU on a single node)")
+    p.add_argument("--gpu-memory-gib", type=float,
+                   help="memory of one GPU for --gpu-shares (default: NVML's figure for GPU 0)")
+    p.add_argument("--case-env", action="append", default=[], metavar="NAME",
+                   help="give every case this variable's value from the runner's environment "
+                        "(repeatable; on a Ray cluster the cases otherwise see their node's)")
     p.add_argument("pytest_args", nargs="*", help="passed to every case's pytest (after --)")
     return p.parse_args(argv)
 
@@ -91,6 +101,33 @@ def visible_gpu_labels(requested: int | None) -> list[str]:
     if requested is None:
         return labels
     return labels[:requested] if len(labels) >= requested else [str(i) for i in range(requested)]
+
+
+def nvml_gpu_memory_gib() -> float | None:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            return pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(0)).total / 2**30
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # no NVML, no GPU
+        return None
+
+
+def share_spec(args: argparse.Namespace) -> ShareSpec | None:
+    """None without --gpu-shares; raises ValueError naming the flag when it cannot be used."""
+    if args.gpu_shares == 1:
+        if args.gpu_memory_gib is not None:
+            raise ValueError("--gpu-memory-gib sizes the shares of --gpu-shares: give --gpu-shares K too, "
+                             "or drop it")
+        return None
+    device_gib = args.gpu_memory_gib or nvml_gpu_memory_gib()
+    if device_gib is None:
+        raise ValueError("--gpu-shares needs the GPU's memory and NVML has none here: "
+                         "give --gpu-memory-gib")
+    return ShareSpec(args.gpu_shares, device_gib)
 
 
 def nvml_gpu_count() -> int:
@@ -117,7 +154,9 @@ def gather_cases(args: argparse.Namespace) -> list[Case]:
 def plan_text(plan: Plan, labels: list[str]) -> str:
     lines = [f"{'start':>9} {'end':>9}  {'GPUs':<16} test"]
     for slot in sorted(plan.slots, key=lambda s: (s.start, s.name)):
-        gpus = ",".join(labels[g] for g in slot.gpus) or "cpu"
+        gpus = devices_of(labels[g] for g in slot.gpus) or "cpu"
+        if len(slot.gpus) > len(gpus.split(",")):  # shares of a device (--gpu-shares)
+            gpus += f" ({len(slot.gpus)} shares)"
         lines.append(f"{slot.start:9.0f} {slot.end:9.0f}  {gpus:<16} {slot.name}")
     for job in plan.unschedulable:
         lines.append(f"{'-':>9} {'-':>9}  {'-':<16} {job.name} (needs {job.gpus} GPUs, node has {len(labels)})")
@@ -135,7 +174,14 @@ def plan_json(plan: Plan, labels: list[str]) -> list[dict]:
     def label(g: int):
         return int(labels[g]) if labels[g].isdigit() else labels[g]
 
-    return [{**entry, "gpus": [label(g) for g in entry["gpus"]]} for entry in plan.as_json()]
+    def placed(entry: dict) -> dict:
+        labels_used = [label(g) for g in entry["gpus"]]
+        devices = list(dict.fromkeys(labels_used))
+        if len(devices) == len(labels_used):
+            return {**entry, "gpus": devices}
+        return {**entry, "gpus": devices, "shares": len(labels_used)}  # --gpu-shares
+
+    return [placed(entry) for entry in plan.as_json()]
 
 
 def default_out(suite: str) -> Path:
@@ -156,7 +202,8 @@ def run(args: argparse.Namespace, cases: list[Case], plan: Plan, labels: list[st
     out = (args.out or default_out(suite)).resolve()
     history = History(args.history_db) if args.history_db else None
     settings = RunSettings(out, args.workdir, labels, history, load_thresholds(args.thresholds),
-                           args.pytest_args, gpu_wait=args.gpu_wait)
+                           args.pytest_args, gpu_wait=args.gpu_wait, gpu_shared=args.gpu_shares > 1,
+                           case_env={name: os.environ[name] for name in args.case_env})
     started = time.monotonic()
     # CI cancels with SIGTERM; turned into SystemExit it reaches the runner's clean-up
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
@@ -206,13 +253,17 @@ def run_on_ray(args: argparse.Namespace, cases: list[Case]) -> int:
     """The cluster's GPUs are the pool: plan on their total, submit in the plan's order."""
     from ci import ray_backend
 
-    options = ray_backend.RayOptions(args.ray_address, max(args.retry_lost, 0), args.ray_working_dir)
+    shares = args.gpu_shares
+    options = ray_backend.RayOptions(args.ray_address, max(args.retry_lost, 0), args.ray_working_dir,
+                                     gpu_shares=shares)
     ray_backend.connect(options, REPO)
     try:
-        nodes = [n for n in ray_backend.gpu_nodes() if n.gpus] or ray_backend.gpu_nodes()
-        labels = [f"{n.node_id[:6]}:{i}" for n in nodes for i in range(n.gpus)]
-        cluster = (f"at {args.ray_address}: {len(nodes)} nodes, {len(labels)} GPUs "
-                   f"({' + '.join(str(n.gpus) for n in nodes)})")
+        nodes = [n for n in ray_backend.gpu_nodes(shares) if n.gpus] or ray_backend.gpu_nodes(shares)
+        # a pool entry per share; the label names the device
+        labels = [f"{n.node_id[:6]}:{i // shares}" for n in nodes for i in range(n.gpus)]
+        in_shares = f" in shares of {shares} per GPU" if shares > 1 else ""
+        cluster = (f"at {args.ray_address}: {len(nodes)} nodes, {len(labels) // shares} GPUs "
+                   f"({' + '.join(str(n.gpus // shares) for n in nodes)}){in_shares}")
         # the GPUs of all nodes together are the plan's pool; cases that need more than half a
         # node (or several nodes) lead the order: planned late, they would wait for a drain
         wide = ray_backend.lead_cases(cases, nodes)
@@ -258,9 +309,25 @@ def main(argv: list[str] | None = None) -> int:
     if not cases:
         print("no case matches the selection", file=sys.stderr)
         return USAGE_ERROR
+    unset = [name for name in args.case_env if name not in os.environ]
+    if unset:
+        print(f"--case-env {unset[0]}: {unset[0]} is not set here (set it, or drop the flag)", file=sys.stderr)
+        return USAGE_ERROR
+    try:
+        spec = share_spec(args)
+        cases = on_shares(cases, spec) if spec else cases
+    except ValueError as err:
+        print(err, file=sys.stderr)
+        return USAGE_ERROR
     if args.ray_address:
         return run_on_ray(args, cases)
     labels = visible_gpu_labels(args.gpus)
+    if spec:
+        if len(labels) != 1:
+            print(f"--gpu-shares splits one GPU; this node's pool has {len(labels)} "
+                  "(set CUDA_VISIBLE_DEVICES or --gpus 1)", file=sys.stderr)
+            return USAGE_ERROR
+        labels = share_labels(labels, spec.shares)
     plan = plan_and_show(args, cases, labels)
     if args.plan:
         return 0

@@ -14,11 +14,12 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 from ci.cases import PYTHON, Case
+from ci.gpu_shares import devices_of
 from ci.history import History, ThresholdRegistry, measurement_from_result
 from ci.process_group import end_group
 from ci.results import CaseResult, read_harness_result, settle_outcome, tail
@@ -41,6 +42,10 @@ class RunSettings:
     pytest_args: Sequence[str] = ()
     timeout_grace: float = OUTER_TIMEOUT_GRACE
     gpu_wait: float = DEFAULT_GPU_WAIT
+    # GPU cases run on shares of a device (--gpu-shares): their leases must not wait for it idle
+    gpu_shared: bool = False
+    # variables every case gets from the runner's environment (--case-env), also on Ray nodes
+    case_env: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def results_dir(self) -> Path:
@@ -59,6 +64,8 @@ def case_argv(case: Case, settings: RunSettings) -> list[str]:
     cmd = [PYTHON, "-m", "pytest", str(case.nodeid), "-q", "-p", "no:cacheprovider"]
     if case.gpus and settings.gpu_wait:
         cmd.append(f"--miles-gpu-wait={settings.gpu_wait:g}")
+    if case.gpus and settings.gpu_shared:
+        cmd.append("--miles-gpu-shared")
     return cmd + list(settings.pytest_args)
 
 
@@ -188,11 +195,12 @@ class SuiteRunner:
         stem = safe_filename(case.name)
         log_path = self.settings.out_dir / "logs" / f"{stem}.log"
         junit = self.settings.out_dir / "junit" / f"{stem}.xml"
-        env = dict(os.environ)
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(self.settings.gpu_labels[g] for g in gpus)
+        env = {**os.environ, **self.settings.case_env}
+        labels = [self.settings.gpu_labels[g] for g in gpus]
+        env["CUDA_VISIBLE_DEVICES"] = devices_of(labels)  # shares of one GPU name it once
         env["MILES_RESULTS_DIR"] = str(self.settings.results_dir)
         result = CaseResult(case.name, case.nodeid, case.gpus, case.est_time,
-                            gpus=tuple(self.settings.gpu_labels[g] for g in gpus),
+                            gpus=tuple(dict.fromkeys(labels)),
                             start=offset, log_path=str(log_path))
         command = local_command(case, junit, self.settings)
         with open(log_path, "w") as log:

@@ -67,8 +67,11 @@ def _makespan_line(facts: RunFacts) -> str:
     def ratio(value: float) -> str:
         return f"ratio {value / facts.lower_bound:.3f}" if facts.lower_bound else "ratio -"
 
+    pool = list(map(str, facts.gpu_pool))
+    devices = list(dict.fromkeys(pool))
+    shares = f" in {len(pool)} shares" if len(pool) > len(devices) else ""  # --gpu-shares
     where = f"Ray cluster {facts.cluster}" if facts.cluster else (
-        "GPUs " + (",".join(map(str, facts.gpu_pool)) or "none"))
+        "GPUs " + (",".join(devices) or "none") + shares)
     line = (f"{where}. Planned makespan {duration(facts.planned_makespan)} against a lower bound"
             f" of {duration(facts.lower_bound)} ({ratio(facts.planned_makespan)})")
     if facts.achieved_makespan is not None:

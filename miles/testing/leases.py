@@ -5,6 +5,10 @@ is *free* when it runs no compute process and has little memory in use. Each lea
 held through an exclusive `flock` on `<lock_dir>/gpu-<uuid>.lock` (via `filelock`): other
 pytest-xdist workers and other pytest processes on the machine take the same locks, and the
 kernel drops them when the holder dies, so a crashed test never strands a GPU.
+
+A *shared* lease (`--miles-gpu-shared`) is for a test the CI runner placed on a share of a GPU
+(ci/run_suite.py --gpu-shares): other tests run on the same device by design, so it takes the
+pool's first GPUs as they are, neither waiting for them to be idle nor locking them.
 """
 
 from __future__ import annotations
@@ -145,11 +149,17 @@ def try_lease(
     *,
     lock_dir: Path = DEFAULT_LOCK_DIR,
     max_used_mib: float = DEFAULT_MAX_USED_MIB,
+    shared: bool = False,
 ) -> GpuLease:
-    """One attempt: lock `needed` free GPUs of `gpus` without waiting.
+    """One attempt: lock `needed` free GPUs of `gpus` without waiting (shared: take the first
+    `needed` as they are, unlocked).
 
     Raises NotEnoughGpus naming how many were needed and how many were free.
     """
+    if shared:
+        if len(gpus) < needed:
+            raise NotEnoughGpus(needed, len(gpus), f"the shared pool has only {len(gpus)}")
+        return GpuLease(list(gpus[:needed]))
     lock_dir = Path(lock_dir)
     lock_dir.mkdir(parents=True, exist_ok=True)
     try:
@@ -195,6 +205,7 @@ def lease_gpus(
     pool: Sequence[str] | None = None,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
+    shared: bool = False,
 ) -> GpuLease:
     """Lease `needed` GPUs, waiting up to `wait` seconds while enough exist but others hold them.
 
@@ -208,7 +219,7 @@ def lease_gpus(
         if len(gpus) < needed:
             raise NotEnoughGpus(needed, len(gpus), f"the pool has only {len(gpus)}")
         try:
-            return try_lease(needed, gpus, lock_dir=lock_dir, max_used_mib=max_used_mib)
+            return try_lease(needed, gpus, lock_dir=lock_dir, max_used_mib=max_used_mib, shared=shared)
         except NotEnoughGpus:
             if clock() >= deadline:
                 raise

@@ -65,6 +65,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                          "`-m faults` runs it alone")
     group.addoption("--miles-gpu-max-used-mib", metavar="MIB", type=float, default=DEFAULT_MAX_USED_MIB,
                     help="a GPU with more memory in use than this is not free (default %(default)s)")
+    group.addoption("--miles-gpu-shared", action="store_true", default=False,
+                    help="the GPUs are a share the CI runner gave this test (ci/run_suite.py --gpu-shares): "
+                         "lease them without waiting for them to be idle and without locking them")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -294,6 +297,7 @@ def gpu_lease(request: pytest.FixtureRequest):
             lock_dir=Path(config.getoption("--miles-gpu-lock-dir")),
             max_used_mib=config.getoption("--miles-gpu-max-used-mib"),
             wait=config.getoption("--miles-gpu-wait"),
+            shared=config.getoption("--miles-gpu-shared"),
         )
     except NoNvml as e:
         pytest.skip(f"GPU tier: {e}")

@@ -202,6 +202,24 @@ def test_a_forty_case_suite_packs_onto_two_nodes_of_logical_gpus(cluster, tmp_pa
     assert len(logs) == len(entries) and all("done" in p.read_text() for p in logs)
 
 
+def test_cases_on_shares_of_a_gpu_run_at_once_and_get_the_runners_variables(cluster, tmp_path, monkeypatch):
+    """--gpu-shares on a cluster: each case is a task holding a fraction of one GPU, so three
+    cases of 2 GiB on 10 GiB GPUs all run at once on one device each; --case-env carries a
+    variable the nodes' scrubbed environment lacks."""
+    cluster.ensure_gpu_nodes(1)
+    entries = [{**synthetic(f"share{i}", 1, 3.0), "gpu_memory_gib": 2.0} for i in range(3)]
+    monkeypatch.setenv("MILES_TEST_MODEL_DIR", str(tmp_path / "models"))
+    proc, out = run_suite(cluster, tmp_path, entries, "--gpu-shares", "10", "--gpu-memory-gib", "10",
+                          "--case-env", "MILES_TEST_MODEL_DIR")
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    recorded = records(out, entries)
+    assert len(recorded) == 3
+    assert all(len(r["cuda_visible_devices"].split(",")) == 1 for r in recorded.values())
+    assert max(r["started"] for r in recorded.values()) < min(r["ended"] for r in recorded.values())
+    assert {r["model_dir"] for r in recorded.values()} == {str(tmp_path / "models")}
+    assert "in shares of 10 per GPU" in (out / "summary.md").read_text()
+
+
 def test_a_dead_node_fails_only_its_cases_and_retry_reruns_them_elsewhere(cluster, tmp_path):
     # without retry: the killer's node takes its neighbours with it, the other nodes' pass
     cluster.ensure_gpu_nodes(3)

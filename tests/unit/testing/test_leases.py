@@ -89,3 +89,17 @@ def test_probe_without_nvml_says_so():
         assert "NVML" in str(e) or "pynvml" in str(e)
     else:
         pytest.skip("NVML works on this machine")
+
+
+def test_a_shared_lease_takes_a_busy_gpu_another_lease_holds(tmp_path):
+    """ci/run_suite.py --gpu-shares places several cases on one GPU: each case's lease must get it
+    although the others hold its lock and run on it."""
+    busy = gpus(1, **{"0": {"compute_pids": (123,), "memory_used_mib": 20000.0}})
+    with try_lease(1, gpus(1), lock_dir=tmp_path):
+        with pytest.raises(NotEnoughGpus):
+            try_lease(1, busy, lock_dir=tmp_path)
+        with try_lease(1, busy, lock_dir=tmp_path, shared=True) as first, \
+                try_lease(1, busy, lock_dir=tmp_path, shared=True) as second:
+            assert first.devices == second.devices == "0"
+    with pytest.raises(NotEnoughGpus, match="the shared pool has only 1"):
+        try_lease(2, busy, lock_dir=tmp_path, shared=True)
