@@ -154,7 +154,8 @@ def build_job_env_vars(
 ) -> dict[str, str]:
     """env_vars of the job's runtime env; --extra-env-vars are applied last, so they win."""
     environ = os.environ if environ is None else environ
-    existing_path = environ.get("PYTHONPATH")
+    # the repo root first, once: a launcher started with PYTHONPATH=<repo> gives the job the same path
+    existing_path = ":".join(p for p in (environ.get("PYTHONPATH") or "").split(":") if p and p != str(repo_root))
     env = {
         "PYTHONUNBUFFERED": "1",
         "PYTHONPATH": f"{repo_root}:{existing_path}" if existing_path else str(repo_root),
