@@ -109,7 +109,10 @@ class RolloutManager:
         requests = [SampleRequest(item.prompt, g, 0, sample_seed(args.rollout_seed, EVAL_SEED_OFFSET, g, 0),
                                   dict(item.metadata)) for g, item in enumerate(items)]
         rewards = self._score(self._sample(requests, [], False, what="eval"))
-        return {"eval/reward/raw_mean": sum(rewards) / len(rewards)}
+        metrics = {"eval/reward/raw_mean": sum(rewards) / len(rewards)}
+        if getattr(args, "eval_prompt_name", None):  # `--eval-prompt-data NAME PATH` (miles-diffusion's form)
+            metrics[f"eval/{args.eval_prompt_name}/reward/raw_mean"] = metrics["eval/reward/raw_mean"]
+        return metrics
 
     def apply_lora(self, spec: LoraSpec, components: list[str]) -> None:
         import ray

@@ -173,3 +173,15 @@ def fixed_job_env(environ: Mapping[str, str]) -> dict[str, str]:
     """Extra fixed variables every job gets (numerics pinning and the like): merge them here.
     Applied after the determinism defaults and before wandb and --extra-env-vars."""
     return pinned_env()
+
+
+def cuda_core_dump_env(run_dir: str) -> dict[str, str]:
+    """What ExecuteTrainConfig.cuda_core_dump adds to the job: CUDA writes a core dump of a kernel
+    that faults, into the run directory (the large memory segments left out)."""
+    return {
+        "CUDA_ENABLE_COREDUMP_ON_EXCEPTION": "1",
+        "CUDA_COREDUMP_SHOW_PROGRESS": "1",
+        "CUDA_COREDUMP_GENERATION_FLAGS": "skip_nonrelocated_elf_images,skip_global_memory,skip_shared_memory,"
+                                          "skip_local_memory,skip_constbank_memory",
+        "CUDA_COREDUMP_FILE": f"{run_dir}/cuda_coredump_%h.%p.%t",
+    }

@@ -29,6 +29,7 @@ from miles.utils.external_utils.config import (
 from miles.utils.external_utils.env_vars import (
     ExtraEnvVarsError,
     build_job_env_vars,
+    cuda_core_dump_env,
     is_secret_name,
     master_addr,
     parse_extra_env_vars,
@@ -188,8 +189,10 @@ def _plan_launch(
     locked = locked_flag_values(train_args, locked_flags)
     check_locked_flags(config.extra_args, locked)
     extra_env = parse_extra_env_vars(config.extra_env_vars)
-    env_vars = build_job_env_vars(REPO_ROOT, extra_env)
     run_dir = str(Path(config.output_dir).resolve() / config.run_id)
+    if getattr(config, "cuda_core_dump", False):  # --extra-env-vars still win
+        extra_env = {**cuda_core_dump_env(run_dir), **extra_env}
+    env_vars = build_job_env_vars(REPO_ROOT, extra_env)
     # a hub id given to --hf-checkpoint (in the recipe or --extra-args) becomes its cached snapshot
     argv = resolve_checkpoints_in_argv(assemble_argv(run_dir, train_args, config.extra_args))
     memory = None

@@ -27,8 +27,23 @@ SCORE = "tests/unit/rollout/rm_hub/test_score_samples.py"
 POOL = "tests/unit/rollout/rm_hub/test_reward_pool.py"
 MEM = "tests/unit/utils/test_memory_plan.py"
 FSDP = "tests/unit/backends/test_fsdp.py"
+PUBLIC = "tests/unit/utils/test_public_flags.py"
 
 FLAG_TESTS = {
+    # miles-diffusion's names (miles/utils/public_flags.py): each parses to what the flag it names parses to
+    "--diffusion-forward-dtype": f"{PUBLIC}::test_each_public_name_parses_to_what_the_flag_it_names_parses_to",
+    "--fsdp-master-dtype": f"{PUBLIC}::test_each_public_name_parses_to_what_the_flag_it_names_parses_to",
+    "--pickscore-num-workers": f"{PUBLIC}::test_each_public_name_parses_to_what_the_flag_it_names_parses_to",
+    "--ocr-num-workers": f"{PUBLIC}::test_each_public_name_parses_to_what_the_flag_it_names_parses_to",
+    "--pickscore-num-gpus-per-worker": f"{PUBLIC}::test_each_public_name_parses_to_what_the_flag_it_names_parses_to",
+    "--diffusion-reward": f"{PUBLIC}::test_each_public_name_parses_to_what_the_flag_it_names_parses_to",
+    "--diffusion-microgroup-size": f"{PUBLIC}::test_each_public_name_parses_to_what_the_flag_it_names_parses_to",
+    "--diffusion-negative-prompt": f"{PUBLIC}::test_each_public_name_parses_to_what_the_flag_it_names_parses_to",
+    "--diffusion-device": f"{PUBLIC}::test_each_public_name_parses_to_what_the_flag_it_names_parses_to",
+    "--diffusion-sde-window-size": f"{PUBLIC}::test_each_public_name_parses_to_what_the_flag_it_names_parses_to",
+    "--diffusion-sde-window-range": f"{PUBLIC}::test_each_public_name_parses_to_what_the_flag_it_names_parses_to",
+    "--offload": f"{PUBLIC}::test_each_public_name_parses_to_what_the_flag_it_names_parses_to",
+    "--debug-train-only": f"{PUBLIC}::test_debug_train_only_is_train_only",
     # cluster
     "--actor-num-nodes": f"{R}::test_train_nodes_fit_the_job",
     "--actor-num-gpus-per-node": f"{DP}::test_two_ranks_match_one_rank_and_each_trains_its_own_shard",
