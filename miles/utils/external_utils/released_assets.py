@@ -170,13 +170,13 @@ def ensure_hub_asset(asset: HubAsset) -> str:
     return str(found)
 
 
-def resolve_hf_checkpoint(value: str) -> str:
+def resolve_hf_checkpoint(value: str, marker: str = "model_index.json") -> str:
     """`--hf-checkpoint` as a directory (kept) or a hub id `org/name[@revision]` (its cached snapshot,
     fetched when online)."""
     if not value or Path(value).exists() or value.startswith(("/", ".", "~")) or value.count("/") != 1:
         return value
     repo_id, _, revision = value.partition("@")
-    return ensure_hub_asset(HubAsset(repo_id.split("/")[1], repo_id, revision or "main", marker="model_index.json"))
+    return ensure_hub_asset(HubAsset(repo_id.split("/")[1], repo_id, revision or "main", marker=marker))
 
 
 def ensure_prompt_file(item: PromptFile) -> Path:
@@ -208,12 +208,19 @@ def prompt_lines_as_jsonl(text: str) -> str:
     return "".join(json.dumps({"prompt": line.strip()}) + "\n" for line in text.splitlines() if line.strip())
 
 
+# flags of a train argv that take a model directory, and the file a complete snapshot of it holds
+MODEL_PATH_FLAGS = {"--hf-checkpoint": "model_index.json", "--pickscore-model-path": "config.json"}
+
+
 def resolve_checkpoints_in_argv(argv: list[str]) -> list[str]:
-    """Each `--hf-checkpoint <hub id>` of a train argv replaced by its cached (or fetched) snapshot."""
+    """Each hub id given to a model flag (MODEL_PATH_FLAGS) replaced by its cached (or fetched) snapshot."""
     out = list(argv)
     for i, word in enumerate(out):
-        if word == "--hf-checkpoint" and i + 1 < len(out):
-            out[i + 1] = resolve_hf_checkpoint(out[i + 1])
-        elif word.startswith("--hf-checkpoint="):
-            out[i] = "--hf-checkpoint=" + resolve_hf_checkpoint(word.split("=", 1)[1])
+        flag, eq, inline = word.partition("=")
+        if flag not in MODEL_PATH_FLAGS:
+            continue
+        if eq:
+            out[i] = f"{flag}={resolve_hf_checkpoint(inline, MODEL_PATH_FLAGS[flag])}"
+        elif i + 1 < len(out):
+            out[i + 1] = resolve_hf_checkpoint(out[i + 1], MODEL_PATH_FLAGS[flag])
     return out
