@@ -90,7 +90,7 @@ def _released(model_dir: Path, name: str, asset: Optional[released_assets.HubAss
     placed = model_dir / name
     if placed.is_dir() or asset is None:
         return str(placed)
-    return released_assets.ensure_hub_asset(asset)
+    return ensure_released_or_exit(released_assets.ensure_hub_asset, asset)
 
 
 def ensure_released_or_exit(make, *args):

@@ -223,11 +223,18 @@ def _plan_launch(
         ray=({"job_server": job.address, "address_from": address_from} if node is None
              else {**node.plan_entry(), "job_server": job.address, "address_from": "own head"}),
         commands=commands,
-        prepare_commands=[redact_text(c, secret_values(env_vars)) for c in RECIPE_COMMANDS],
+        prepare_commands=[redact_text(c, secret_values(env_vars)) for c in _take_recipe_commands()],
         memory_plan=memory.lines if memory is not None else [],
         memory_plan_error=_memory_error(memory),
     )
     return _Launch(plan, job, node, token, node_secrets, secret_values(env_vars), ray_head_port)
+
+
+def _take_recipe_commands() -> list[str]:
+    """What the recipe ran since the previous launch of this process (a pipeline launches per step)."""
+    taken = list(RECIPE_COMMANDS)
+    RECIPE_COMMANDS.clear()
+    return taken
 
 
 def _memory_error(memory) -> str | None:
