@@ -115,7 +115,8 @@ def _is_subsequence_at(tokens: list[str], sub: list[str]) -> int:
 _SCALARS = ("recipe", "train_script", "num_nodes", "num_gpus_per_node", "cuda_visible_devices",
             "external_ray", "dry_run")
 _SKIP = {"version", "run_id", "run_dir", "argv", "locked_flags", "runtime_env", "commands", "ray", "memory_plan",
-         "memory_plan_error", "prepare_commands"}
+         "memory_plan_error", "prepare_commands",
+         "hub_revisions"}  # the commits this machine's cache holds: not the same on every machine
 
 
 def render_plan(plan: Mapping, norm: Normalizer | None = None) -> str:

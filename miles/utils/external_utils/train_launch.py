@@ -65,6 +65,7 @@ from miles.utils.external_utils.ray_cluster import (
     wait_for_cluster_resources,
 )
 from miles.utils.external_utils.released_assets import AssetMissingError, resolve_checkpoints_in_argv
+from miles.utils.hub_snapshots import hub_revisions_in_argv
 
 LAUNCHER_LOG = "launcher.log"  # Ray's start-up output and the launcher's own tracebacks
 JOB_LOG = "job.log"  # the job's whole output, secrets redacted
@@ -224,6 +225,7 @@ def _plan_launch(
              else {**node.plan_entry(), "job_server": job.address, "address_from": "own head"}),
         commands=commands,
         prepare_commands=[redact_text(c, secret_values(env_vars)) for c in _take_recipe_commands()],
+        hub_revisions=hub_revisions_in_argv(argv),
         memory_plan=memory.lines if memory is not None else [],
         memory_plan_error=_memory_error(memory),
     )

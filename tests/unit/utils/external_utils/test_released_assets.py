@@ -155,3 +155,36 @@ def test_a_real_full_scale_launch_offline_with_an_empty_cache_stops_with_one_lin
     assert result.returncode == 2 and len(lines) == 1, result.stderr
     assert lines[0].startswith("error: ") and str(tmp_path / "empty-cache") in lines[0] and "fetch it" in lines[0]
     assert not list(out.glob("*/plan.json"))  # stopped in prepare(), before the launch was planned
+
+
+def test_the_plan_records_the_commit_a_hub_id_at_main_resolved_to(stand_ins, tmp_path):
+    R.ensure_hub_asset(R.HubAsset("model", "org/model", marker="model_index.json"))  # online: main -> SHA
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MILES_SCRIPT_", "WANDB_"))}
+    env.update({"MILES_SCRIPT_ENABLE_RAY_SUBMIT": "0", "HF_HUB_OFFLINE": "1"})  # from the cache alone
+    out = tmp_path / "out"
+    result = subprocess.run([sys.executable, str(REPO / "tests/unit/utils/external_utils/example_recipe.py"), "train",
+                             "--output-dir", str(out), "--run-id", "r1", "--train-script", "tiny_train.py",
+                             "--extra-args", "--hf-checkpoint org/model"],
+                            env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    plan = json.loads((out / "r1" / "plan.json").read_text())
+    assert plan["hub_revisions"] == {"--hf-checkpoint": {"repo_id": "org/model", "repo_type": "model",
+                                                         "commit": SHA, "refs": ["main"]}}
+
+
+def test_a_snapshot_path_names_its_repository_commit_and_branch_and_other_paths_name_none(stand_ins, tmp_path):
+    from miles.utils.hub_snapshots import hub_revisions_in_argv, snapshot_revision
+
+    dataset = R.ensure_hub_asset(R.HubAsset("sets", "org/sets", repo_type="dataset"))
+    pinned = R.ensure_hub_asset(R.HubAsset("model", "org/model", revision="f" * 40, marker="model_index.json"))
+    assert snapshot_revision(Path(dataset) / "train.jsonl") == {"repo_id": "org/sets", "repo_type": "dataset",
+                                                                 "commit": SHA, "refs": ["main"]}
+    assert snapshot_revision(pinned) == {"repo_id": "org/model", "repo_type": "model", "commit": "f" * 40, "refs": []}
+    # a dry run names the snapshot folder before any fetch: the branch, no commit yet
+    dry = tmp_path / "c" / "models--org--new" / "snapshots" / "main"
+    assert snapshot_revision(dry)["commit"] is None and snapshot_revision(dry)["refs"] == ["main"]
+    assert snapshot_revision(tmp_path / "my-model") is None
+    argv = ["--prompt-data", str(Path(dataset) / "train.jsonl"), f"--hf-checkpoint={pinned}", "--lr", "1e-4",
+            "--pickscore-model-path", str(tmp_path)]
+    assert {flag: rev["commit"] for flag, rev in hub_revisions_in_argv(argv).items()} == {
+        "--prompt-data": SHA, "--hf-checkpoint": "f" * 40}
