@@ -209,7 +209,8 @@ def prompt_lines_as_jsonl(text: str) -> str:
 
 
 # flags of a train argv that take a model directory, and the file a complete snapshot of it holds
-MODEL_PATH_FLAGS = {"--hf-checkpoint": "model_index.json", "--pickscore-model-path": "config.json"}
+MODEL_PATH_FLAGS = {"--hf-checkpoint": "model_index.json", "--pickscore-model-path": "config.json",
+                    "--pickscore-processor-path": "preprocessor_config.json"}
 
 
 def resolve_checkpoints_in_argv(argv: list[str]) -> list[str]:
