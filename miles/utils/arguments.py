@@ -339,6 +339,10 @@ def _reward(parser) -> None:
                    help="GPU fraction per reward worker")
     _switch(g, "--colocate-reward", "reward workers share the train/rollout GPUs")
     g.add_argument("--pickscore-model-path", default=None, help="PickScore checkpoint directory")
+    g.add_argument("--pickscore-processor-path", default=None,
+                   help="folder of PickScore's tokenizer and image processor; unset: --pickscore-model-path")
+    g.add_argument("--pickscore-batch-size", type=positive_int, default=32,
+                   help="image-prompt pairs per PickScore forward (scores do not depend on it)")
     g.add_argument("--reward-timeout", type=positive_float, default=300.0, help="seconds per reward batch")
 
 
@@ -355,6 +359,10 @@ def _eval(parser) -> None:
     g.add_argument("--eval-prompt-data", nargs="+", default=None, metavar="[NAME] PATH",
                    help="JSONL prompts for eval, held out from --prompt-data; NAME also logs eval/<NAME>/...")
     g.add_argument("--eval-num-prompts", type=positive_int, default=None, help="eval prompts; unset: all")
+    g.add_argument("--diffusion-eval-num-steps", type=positive_int, default=None,
+                   help="denoising steps of each eval sample; unset: --diffusion-num-steps")
+    _switch(g, "--skip-eval-before-train",
+            "with --eval-interval, no eval of the initial weights before rollout 0 (a fresh run evaluates them)")
 
 
 def _checkpoint(parser) -> None:

@@ -138,6 +138,10 @@ FLAG_TESTS = {
     "--colocate-reward": f"{P}::test_gpu_colocate_puts_engines_and_colocated_rewards_in_the_train_bundles",
     "--pickscore-model-path": "tests/unit/rollout/rm_hub/test_pickscore_reward.py::"
                               "test_pickscore_without_model_path_is_a_named_error",
+    "--pickscore-processor-path": "tests/unit/rollout/rm_hub/test_pickscore_reward.py::"
+                                  "test_pickscore_processor_path_supplies_the_tokenizer_and_image_processor",
+    "--pickscore-batch-size": "tests/unit/rollout/rm_hub/test_pickscore_reward.py::"
+                              "test_pickscore_batch_size_sets_pairs_per_forward_and_leaves_the_scores",
     "--reward-timeout": f"{SCORE}::test_timeout_names_the_reward",
     # data
     "--prompt-data": f"{DATA}::test_from_args_reads_the_trainer_flags",
@@ -147,6 +151,8 @@ FLAG_TESTS = {
     "--eval-interval": f"{LOOP}::test_two_sharded_offloaded_rank_runs_keep_parity_exact_repeat_bit_for_bit_and_eval_on_their_interval",
     "--eval-prompt-data": f"{LOOP}::test_two_sharded_offloaded_rank_runs_keep_parity_exact_repeat_bit_for_bit_and_eval_on_their_interval",
     "--eval-num-prompts": f"{LOOP}::test_two_sharded_offloaded_rank_runs_keep_parity_exact_repeat_bit_for_bit_and_eval_on_their_interval",
+    "--diffusion-eval-num-steps": f"{LOOP}::test_two_sharded_offloaded_rank_runs_keep_parity_exact_repeat_bit_for_bit_and_eval_on_their_interval",
+    "--skip-eval-before-train": f"{LOOP}::test_skipped_optimizer_steps_keep_parity",
     # checkpoint
     "--save": f"{RESUME}::test_killed_run_resumes_at_the_next_rollout_and_ends_like_an_uninterrupted_one",
     "--save-interval": f"{RESUME}::test_killed_run_resumes_at_the_next_rollout_and_ends_like_an_uninterrupted_one",

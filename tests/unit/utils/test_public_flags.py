@@ -52,6 +52,17 @@ def test_named_eval_prompt_data_keeps_the_path_and_the_name():
         _ns(["--eval-prompt-data", "a", "a.jsonl", "b", "b.jsonl"])
 
 
+def test_miles_diffusion_eval_and_pickscore_words_parse_as_they_are_written_there():
+    """The lines of miles-diffusion's PickScore recipes, word for word (their effects: flag_effects.py)."""
+    ns = _ns(["--diffusion-eval-num-steps", "28", "--eval-interval", "20", "--skip-eval-before-train",
+              "--pickscore-batch-size", "8", "--pickscore-processor-path", "laion/CLIP-ViT-H-14-laion2B-s32B-b79K"])
+    assert (ns["diffusion_eval_num_steps"], ns["skip_eval_before_train"], ns["pickscore_batch_size"]) == (28, True, 8)
+    assert ns["pickscore_processor_path"] == "laion/CLIP-ViT-H-14-laion2B-s32B-b79K"
+    unset = _ns([])
+    assert (unset["diffusion_eval_num_steps"], unset["skip_eval_before_train"], unset["pickscore_processor_path"]) == (
+        None, False, None)
+
+
 def test_debug_train_only_is_train_only():
     words = ["--loss-type", "sft_loss"]
     base = [w for w in BASE if w not in ("--rm-type", "brightness")]
