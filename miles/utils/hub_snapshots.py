@@ -49,14 +49,20 @@ def _read(path: Path) -> str | None:
 
 
 def hub_revisions_in_argv(argv: list[str]) -> dict[str, dict]:
-    """For each flag of `argv` whose value lies in a Hub cache snapshot: its snapshot_revision."""
+    """For each flag of `argv` with a value in a Hub cache snapshot (any of its values:
+    `--eval-prompt-data NAME PATH`): that snapshot's revision."""
     found: dict[str, dict] = {}
-    for i, word in enumerate(argv):
-        flag, eq, inline = word.partition("=")
-        if not flag.startswith("--"):
+    flag = None
+    for word in argv:
+        if word.startswith("--"):
+            flag, eq, value = word.partition("=")
+            if not eq:
+                continue
+        elif flag is None:
             continue
-        value = inline if eq else (argv[i + 1] if i + 1 < len(argv) and not argv[i + 1].startswith("--") else None)
-        revision = snapshot_revision(value) if value else None
+        else:
+            value = word
+        revision = snapshot_revision(value)
         if revision is not None:
             found[flag] = revision
     return found

@@ -185,6 +185,6 @@ def test_a_snapshot_path_names_its_repository_commit_and_branch_and_other_paths_
     assert snapshot_revision(dry)["commit"] is None and snapshot_revision(dry)["refs"] == ["main"]
     assert snapshot_revision(tmp_path / "my-model") is None
     argv = ["--prompt-data", str(Path(dataset) / "train.jsonl"), f"--hf-checkpoint={pinned}", "--lr", "1e-4",
-            "--pickscore-model-path", str(tmp_path)]
+            "--pickscore-model-path", str(tmp_path), "--eval-prompt-data", "test", str(Path(dataset) / "test.jsonl")]
     assert {flag: rev["commit"] for flag, rev in hub_revisions_in_argv(argv).items()} == {
-        "--prompt-data": SHA, "--hf-checkpoint": "f" * 40}
+        "--prompt-data": SHA, "--hf-checkpoint": "f" * 40, "--eval-prompt-data": SHA}
