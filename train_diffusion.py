@@ -139,7 +139,12 @@ def train(args: Namespace, plan: BatchPlan) -> int:
         faults.CURRENT_ROLLOUT[0] = rollout_id
         if args.debug_fault:
             faults.arm_for_rollout(args, rollout_id, trainer, rollout)
-        batch, metrics = rollout.generate(rollout_id)
+        metrics = {}
+        if rollout_id == 0 and args.eval_interval and not args.skip_eval_before_train:
+            # the initial weights' eval (miles-diffusion's default), kept apart from rollout 0's own eval
+            metrics.update(as_before_train(rollout.evaluate(rollout_id)))
+        batch, generated = rollout.generate(rollout_id)
+        metrics.update(generated)
         if trainer is not None:
             metrics.update(trainer.train(batch)[0].metrics)
             faults.check_finite(metrics, rollout_id)  # before the weights move on or get saved
@@ -188,3 +193,9 @@ def refuse_foreign_checkpoints(args: Namespace) -> None:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def as_before_train(eval_metrics: dict[str, float]) -> dict[str, float]:
+    """The initial weights' eval metrics, `eval/...` renamed `eval_before_train/...`: rollout 0's
+    record may also carry the eval after its training step (--eval-interval 1)."""
+    return {"eval_before_train/" + key.removeprefix("eval/"): value for key, value in eval_metrics.items()}

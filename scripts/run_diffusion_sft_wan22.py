@@ -93,6 +93,8 @@ class ScriptArgs(U.ScaledRecipeArgs):
 def prepare(args: ScriptArgs) -> U.Assets:
     """Make (once) the checkpoint and the synthetic dataset; a dry run only names them."""
     scale = _SCALES[args.scale]
+    # first: a released checkpoint that cannot be had (offline) stops the run before the dataset is built
+    checkpoint = U.ensure_recipe_checkpoint(FAMILY, scale.checkpoint_size, args.model_dir, RELEASED_CHECKPOINT)
     size = f"{scale.height}x{scale.width}x{scale.frames}"
     sft_data = args.sft_data or str(Path(args.data_dir) / f"sft_{FAMILY}_{size}_{scale.num_items}.jsonl")
     if not args.sft_data and not U.is_dry_run():
@@ -101,7 +103,6 @@ def prepare(args: ScriptArgs) -> U.Assets:
         sft_data = str(ensure_sft_dataset(
             sft_data, FAMILY, scale.num_items, scale.height, scale.width, scale.frames, seed=0
         ))
-    checkpoint = U.ensure_recipe_checkpoint(FAMILY, scale.checkpoint_size, args.model_dir, RELEASED_CHECKPOINT)
     return U.Assets(checkpoint, prompt_data=sft_data)
 
 

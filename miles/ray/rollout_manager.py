@@ -64,7 +64,8 @@ class RolloutManager:
         futures, engines = [], []
         for engine, (start, stop) in zip(self.engines, split_evenly(len(groups), len(self.engines))):
             mine = set(groups[start:stop])
-            futures.append(engine.generate.remote([r for r in requests if r.group_index in mine], trained_steps, debug))
+            futures.append(engine.generate.remote([r for r in requests if r.group_index in mine], trained_steps, debug,
+                                                  what == "eval"))
             engines.append(engine)
         return [t for part in wait_for(futures, engines, what) for t in part]
 
@@ -108,8 +109,14 @@ class RolloutManager:
         items = items[:args.eval_num_prompts] if args.eval_num_prompts else items
         requests = [SampleRequest(item.prompt, g, 0, sample_seed(args.rollout_seed, EVAL_SEED_OFFSET, g, 0),
                                   dict(item.metadata)) for g, item in enumerate(items)]
-        rewards = self._score(self._sample(requests, [], False, what="eval"))
-        return {"eval/reward/raw_mean": sum(rewards) / len(rewards)}
+        trajectories = self._sample(requests, [], False, what="eval")
+        rewards = self._score(trajectories)
+        # as the engines ran them (--diffusion-eval-num-steps), read off the samples' schedules
+        steps = max(len(t.sigmas) - 1 for t in trajectories)
+        metrics = {"eval/reward/raw_mean": sum(rewards) / len(rewards), "eval/denoising_steps": steps}
+        if getattr(args, "eval_prompt_name", None):  # `--eval-prompt-data NAME PATH` (miles-diffusion's form)
+            metrics[f"eval/{args.eval_prompt_name}/reward/raw_mean"] = metrics["eval/reward/raw_mean"]
+        return metrics
 
     def apply_lora(self, spec: LoraSpec, components: list[str]) -> None:
         import ray

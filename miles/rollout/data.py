@@ -64,6 +64,21 @@ def read_prompt_file(path: str | Path, input_key: str = "prompt", metadata_key: 
     return items
 
 
+def check_disjoint(train: list[PromptItem], train_path: str | Path, held_out: list[PromptItem],
+                   eval_path: str | Path) -> None:
+    """Eval prompts must be held out: an eval prompt that is also a training prompt measures
+    memorisation, not the policy. Raises PromptDataError naming both files and one shared prompt."""
+    if Path(train_path).resolve() == Path(eval_path).resolve():
+        raise PromptDataError(f"--eval-prompt-data {eval_path} is the training prompt file (--prompt-data); "
+                              f"fix: evaluate on a held-out prompt file")
+    seen = {item.prompt for item in train}
+    shared = [item for item in held_out if item.prompt in seen]
+    if shared:
+        raise PromptDataError(
+            f"{len(shared)} of the {len(held_out)} eval prompts in {eval_path} are also training prompts in "
+            f"{train_path} (e.g. {shared[0].prompt!r}); fix: evaluate on prompts held out from training")
+
+
 class PromptDataset(EpochCursor[PromptItem]):
     """Batches of prompts over epochs, each epoch in an order fixed by `seed` and the epoch number."""
 
@@ -96,17 +111,20 @@ class PromptDataset(EpochCursor[PromptItem]):
 
     @classmethod
     def from_args(cls, args: Any, path: str | Path | None = None) -> "PromptDataset":
-        """The training prompts from the trainer's flags (`path` overrides `--prompt-data`, e.g. for eval)."""
+        """The training prompts from the trainer's flags (`path` overrides `--prompt-data`, e.g. for eval).
+        Loading the training prompts also checks that no eval prompt (`--eval-prompt-data`) is one of them."""
+        training = path is None
         path = path if path is not None else getattr(args, "prompt_data", None)
         if not path:
             raise PromptDataError("no prompt file: pass --prompt-data")
-        return cls.from_jsonl(
-            path,
-            getattr(args, "input_key", None) or "prompt",
-            getattr(args, "metadata_key", None) or "metadata",
-            seed=getattr(args, "rollout_seed", 42),
-            shuffle=bool(getattr(args, "rollout_shuffle", False)),
-        )
+        input_key = getattr(args, "input_key", None) or "prompt"
+        metadata_key = getattr(args, "metadata_key", None) or "metadata"
+        dataset = cls.from_jsonl(path, input_key, metadata_key, seed=getattr(args, "rollout_seed", 42),
+                                 shuffle=bool(getattr(args, "rollout_shuffle", False)))
+        eval_path = getattr(args, "eval_prompt_data", None)
+        if training and eval_path and getattr(args, "eval_interval", None):
+            check_disjoint(dataset.items, path, read_prompt_file(eval_path, input_key, metadata_key), eval_path)
+        return dataset
 
     def __getitem__(self, index: int) -> PromptItem:
         return self.items[index]

@@ -48,9 +48,12 @@ class RolloutEngine:
     def family(self) -> str:
         return self.model.family
 
-    def generate(self, requests: list[SampleRequest], trained_steps: list[int], debug: bool = False) -> list[Trajectory]:
+    def generate(self, requests: list[SampleRequest], trained_steps: list[int], debug: bool = False,
+                 evaluation: bool = False) -> list[Trajectory]:
+        """`evaluation`: eval samples, with --diffusion-eval-num-steps steps when set."""
+        params = self.params.for_eval() if evaluation else self.params
         with resident_while_sampling(self.offloaded_weights):
-            return sampler.generate(self.model, requests, self.params, trained_steps, debug)
+            return sampler.generate(self.model, requests, params, trained_steps, debug)
 
     def apply_lora(self, rank: int | dict, alpha: float | None = None, target_modules: list[str] | None = None,
                    components: list[str] | None = None) -> None:
@@ -86,11 +89,11 @@ class RolloutEngineActor(RolloutEngine):
     def ready(self) -> str:
         return self.family
 
-    def generate(self, requests, trained_steps, debug=False):
+    def generate(self, requests, trained_steps, debug=False, evaluation=False):
         from miles.utils.debug_faults import fire
 
         fire(self, "engine-kill")  # --debug-fault engine-kill@N (the fault suite)
-        return super().generate(requests, trained_steps, debug)
+        return super().generate(requests, trained_steps, debug, evaluation)
 
 
 def engine_actor_options(args) -> dict:

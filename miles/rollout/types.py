@@ -6,7 +6,7 @@ always on the CPU when they leave an engine.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -30,6 +30,11 @@ class SamplingParams:
     max_sequence_length: int | None = None  # prompt tokens; None = the family pipeline's default
     negative_prompt: str = ""
     microgroup_size: int | None = None  # samples evaluated together; None = all of a group
+    eval_num_steps: int | None = None  # denoising steps of an eval sample; None = num_steps
+
+    def for_eval(self) -> "SamplingParams":
+        """These params as an eval sample uses them (--diffusion-eval-num-steps)."""
+        return replace(self, num_steps=self.eval_num_steps or self.num_steps)
 
     @classmethod
     def from_args(cls, args) -> "SamplingParams":
@@ -46,6 +51,7 @@ class SamplingParams:
             max_sequence_length=getattr(args, "diffusion_max_sequence_length", None),
             negative_prompt=args.negative_prompt,
             microgroup_size=args.rollout_microgroup_size,
+            eval_num_steps=getattr(args, "diffusion_eval_num_steps", None),
         )
 
 

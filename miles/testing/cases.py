@@ -275,17 +275,26 @@ def parametrize_cases(cases: Iterable[RecipeCase], argname: str = "recipe_case")
     return pytest.mark.parametrize(argname, params)
 
 
-def discover_recipes(root: str | Path, pattern: str = "scripts/run_*.py") -> list[str]:
+def discover_recipes(root: str | Path, pattern: str = "scripts/**/run_*.py") -> list[str]:
     """Recipe scripts under `root`, relative to it, sorted."""
     root = Path(root)
     return sorted(p.relative_to(root).as_posix() for p in root.glob(pattern) if p.is_file())
 
 
-def dry_cases(root: str | Path, pattern: str = "scripts/run_*.py", **kw) -> list[RecipeCase]:
+RECIPE_PATTERN = "scripts/**/run_*.py"  # a recipe in a folder of its own under scripts/ is one too
+
+
+def dry_cases(root: str | Path, pattern: str = RECIPE_PATTERN, **kw) -> list[RecipeCase]:
     """A dry case for every recipe matching `pattern` under `root`: adding a recipe file adds
-    its dry check, with no test edit."""
+    its dry check, with no test edit. A recipe in a sub-folder of scripts/ gets the folder in its
+    id (`team.run_x-dry`), so it never collides with a top-level recipe of the same name."""
     root = Path(root).resolve()
-    return [RecipeCase.dry(s, root=root, **kw) for s in discover_recipes(root, pattern)]
+    return [RecipeCase.dry(s, root=root, name=_dry_case_name(s), **kw) for s in discover_recipes(root, pattern)]
+
+
+def _dry_case_name(script: str) -> str:
+    folders = Path(script).parent.parts[1:]  # below scripts/
+    return ".".join([*folders, Path(script).stem]) + "-dry"
 
 
 def find_repo_root(start: str | Path) -> Path:

@@ -24,9 +24,29 @@ from miles.testing.snapshot import Normalizer, render_plan
 DRY_RUN_ENV = "MILES_SCRIPT_ENABLE_RAY_SUBMIT"
 
 # Inherited variables that would change what a recipe assembles (script options, the GPUs of
-# this shell, wandb, an outer cluster); dry runs drop them so a snapshot is the same anywhere.
-_SCRUB_PREFIXES = ("MILES_", "SLURM_", "WANDB_")
-_SCRUB_NAMES = ("CUDA_VISIBLE_DEVICES", "MASTER_ADDR", "RAY_ADDRESS", "PYTHONBREAKPOINT")
+# this shell, wandb, an outer cluster, the Hugging Face cache); dry runs drop them so a snapshot
+# is the same anywhere.
+_SCRUB_PREFIXES = ("MILES_", "SLURM_", "WANDB_", "HF_", "HUGGINGFACE_")
+_SCRUB_NAMES = ("CUDA_VISIBLE_DEVICES", "MASTER_ADDR", "RAY_ADDRESS", "PYTHONBREAKPOINT", "XDG_CACHE_HOME")
+# A fake key, so the wandb flags a recipe adds when a key is set are in every snapshot; it is a
+# secret by name, redacted wherever the launcher shows or writes it.
+FAKE_WANDB_API_KEY = "dry-run-fake-wandb-key-0123456789"
+DRY_USER = "miles"
+
+
+def frozen_env(repo: Path, out_dir: Path, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment of a dry run: what the plan depends on is fixed, so the snapshot of a recipe
+    is the same on any machine and checkout. PYTHONPATH is the repo alone (its `miles`, whatever the
+    caller's path), HOME a fresh folder under the output dir (an empty Hugging Face cache there, so
+    a full-scale recipe shows its fetch commands), the user fixed, and WANDB_API_KEY a fake key."""
+    env = scrubbed_env(base)
+    home = out_dir / "home"
+    env.update({
+        DRY_RUN_ENV: "0", "PYTHONUNBUFFERED": "1", "NO_COLOR": "1", "COLUMNS": "200",
+        "PYTHONPATH": str(repo), "HOME": str(home), "USER": DRY_USER, "LOGNAME": DRY_USER,
+        "WANDB_API_KEY": FAKE_WANDB_API_KEY,
+    })
+    return env
 
 
 class DryCheckFailure(AssertionError):
@@ -83,7 +103,7 @@ class DryRun:
         home = os.path.expanduser("~")
         if home not in ("/", "") and (self.repo_root is None or str(self.repo_root) != home):
             repl[home] = "<HOME>"
-        return Normalizer(repl, secrets=_secret_values())
+        return Normalizer(repl, secrets=[*_secret_values(), FAKE_WANDB_API_KEY])
 
     @property
     def text(self) -> str:
@@ -148,8 +168,7 @@ def start_dry(
     if not script.is_file():
         raise DryCheckFailure(f"recipe {case.script} not found (looked under {repo})")
     command = [sys.executable, str(script), *case.args, "--output-dir", str(out_dir)]
-    env = scrubbed_env()
-    env.update({DRY_RUN_ENV: "0", "PYTHONUNBUFFERED": "1", "NO_COLOR": "1", "COLUMNS": "200"})
+    env = frozen_env(repo, out_dir)
     env.update(case.env)
     env.update(extra_env or {})
     proc = subprocess.Popen(

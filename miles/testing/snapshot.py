@@ -115,7 +115,8 @@ def _is_subsequence_at(tokens: list[str], sub: list[str]) -> int:
 _SCALARS = ("recipe", "train_script", "num_nodes", "num_gpus_per_node", "cuda_visible_devices",
             "external_ray", "dry_run")
 _SKIP = {"version", "run_id", "run_dir", "argv", "locked_flags", "runtime_env", "commands", "ray", "memory_plan",
-         "memory_plan_error"}
+         "memory_plan_error", "prepare_commands",
+         "hub_revisions"}  # the commits this machine's cache holds: not the same on every machine
 
 
 def render_plan(plan: Mapping, norm: Normalizer | None = None) -> str:
@@ -132,6 +133,11 @@ def render_plan(plan: Mapping, norm: Normalizer | None = None) -> str:
     argv = [str(a) for a in plan.get("argv", [])]
     out += ["", "[argv]"]
     out += [norm.text(_line(g)) for g in group_flags(argv)]
+
+    prepared = plan.get("prepare_commands") or []
+    if prepared:  # what prepare() ran or would run (downloads), before the launch
+        out += ["", "[prepare]"]
+        out += [f"$ {norm.text(str(cmd))}" for cmd in prepared]
 
     locked = plan.get("locked_flags") or {}
     if locked:

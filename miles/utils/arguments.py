@@ -16,6 +16,7 @@ from typing import Any, Sequence
 from miles.utils.batching import ITER_ORDERS, SPLIT_MODES, BatchPlan
 from miles.utils.families import FAMILY_NAMES
 from miles.utils.memory_plan import MemoryPlanError, plan_and_check
+from miles.utils.public_flags import add_public_flags, normalize_public_values, refusal
 from miles.utils.validation import ConfigError, compute_batch_plan, validate_args
 
 __all__ = [
@@ -116,8 +117,17 @@ def unrecognized_message(extras: Sequence[str], known_flags: Sequence[str]) -> s
     import difflib
 
     described = []
+    skipping_values = False
     for token in extras:
         close = []
+        refused = refusal(token) if token.startswith("--") else None
+        if refused:  # its name only: a refused flag's value may be a secret (--wandb-key)
+            described.append(f"{token.split('=', 1)[0]} ({refused})")
+            skipping_values = True
+            continue
+        if skipping_values and not token.startswith("-"):
+            continue
+        skipping_values = False
         if token.startswith("-"):
             close = difflib.get_close_matches(token.split("=", 1)[0], known_flags, n=1, cutoff=0.6)
         described.append(f"{token} (did you mean {close[0]}?)" if close else token)
@@ -154,6 +164,7 @@ def build_parser() -> SuggestingArgumentParser:
     for add_group in (_cluster, _batch, _sampling, _model, _algorithm, _optimizer, _lora, _reward,
                       _data, _eval, _checkpoint, _debug, _determinism, _logging, _config):
         add_group(parser)
+    add_public_flags(parser)  # miles-diffusion's names for the same flags
     _short_numeric_metavars(parser)
     return parser
 
@@ -328,6 +339,10 @@ def _reward(parser) -> None:
                    help="GPU fraction per reward worker")
     _switch(g, "--colocate-reward", "reward workers share the train/rollout GPUs")
     g.add_argument("--pickscore-model-path", default=None, help="PickScore checkpoint directory")
+    g.add_argument("--pickscore-processor-path", default=None,
+                   help="folder of PickScore's tokenizer and image processor; unset: --pickscore-model-path")
+    g.add_argument("--pickscore-batch-size", type=positive_int, default=32,
+                   help="image-prompt pairs per PickScore forward (scores do not depend on it)")
     g.add_argument("--reward-timeout", type=positive_float, default=300.0, help="seconds per reward batch")
 
 
@@ -341,8 +356,13 @@ def _data(parser) -> None:
 def _eval(parser) -> None:
     g = parser.add_argument_group("eval")
     g.add_argument("--eval-interval", type=positive_int, default=None, help="evaluate every N rollouts")
-    g.add_argument("--eval-prompt-data", default=None, help="JSONL prompts for eval")
+    g.add_argument("--eval-prompt-data", nargs="+", default=None, metavar="[NAME] PATH",
+                   help="JSONL prompts for eval, held out from --prompt-data; NAME also logs eval/<NAME>/...")
     g.add_argument("--eval-num-prompts", type=positive_int, default=None, help="eval prompts; unset: all")
+    g.add_argument("--diffusion-eval-num-steps", type=positive_int, default=None,
+                   help="denoising steps of each eval sample; unset: --diffusion-num-steps")
+    _switch(g, "--skip-eval-before-train",
+            "with --eval-interval, no eval of the initial weights before rollout 0 (a fresh run evaluates them)")
 
 
 def _checkpoint(parser) -> None:
@@ -500,6 +520,7 @@ def parse_and_plan(argv: Sequence[str] | None = None) -> tuple[argparse.Namespac
     namespace = parser.parse_args(list(argv) if argv is not None else None)
     if namespace.custom_config_path:
         apply_config_file(parser, namespace, namespace.custom_config_path)
+    normalize_public_values(namespace)
     return namespace, validate_args(namespace)
 
 

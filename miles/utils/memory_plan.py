@@ -229,10 +229,18 @@ def read_checkpoint(path: str | os.PathLike) -> ModelFacts | None:
     return ModelFacts("checkpoint on disk", components)
 
 
+def _hub_repo_name(path: str) -> str | None:
+    """`.../models--org--name/snapshots/<revision>` (the Hugging Face cache) -> `name`."""
+    parts = Path(path.rstrip("/")).parts
+    if len(parts) >= 3 and parts[-2] == "snapshots" and parts[-3].startswith("models--"):
+        return parts[-3].split("--")[-1]
+    return None
+
+
 def _table_key(path: str) -> str | None:
     from miles.utils.model_table import load_table
 
-    name = Path(path.rstrip("/")).name
+    name = _hub_repo_name(path) or Path(path.rstrip("/")).name
     table = load_table()
     if name in table:
         return name

@@ -19,6 +19,8 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+from miles.utils.hub_snapshots import hub_revisions_in_argv
+
 PERF_PREFIX = "perf/"
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -190,6 +192,7 @@ def write_run_json(run_dir: str | Path, argv: list[str], *, resumed: bool, start
         "gpu_names": gpu_names,
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES") if device == "cuda" else None,
         "git_commit": _git_commit(),
+        "hub_revisions": hub_revisions_in_argv(list(argv)),  # the Hub commits of cached models it was given
         "resumed": resumed,
         "start_rollout_id": start_rollout_id,
         "hostname": socket.gethostname(),

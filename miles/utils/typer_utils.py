@@ -230,13 +230,17 @@ def _display(value: Any) -> str:
     return repr(value) if value == "" else str(value)
 
 
-def dataclass_cli(func: Callable | None = None, *, env_prefix: str = ENV_PREFIX, print_table: bool = True):
+def dataclass_cli(func: Callable | None = None, env_var_prefix: str | None = None, *, env_prefix: str = ENV_PREFIX,
+                  print_table: bool = True):
     """Turn `func(args: SomeDataclass)` into a Typer-ready command.
 
     The returned function can be called three ways: with no arguments (parses sys.argv and
     exits, like `typer.run`), with a dataclass instance (runs `func` directly, for tests and for
-    one command calling another), or by Typer with keyword options (after `app.command()`).
+    one command calling another), or by Typer with keyword options (after `app.command()`, or
+    `typer.run(main)`). `env_var_prefix` is miles-diffusion's name for `env_prefix`.
     """
+    if env_var_prefix is not None:
+        env_prefix = env_var_prefix
     if func is None:
         return functools.partial(dataclass_cli, env_prefix=env_prefix, print_table=print_table)
     cls = _dataclass_parameter(func)
@@ -303,7 +307,8 @@ def _dataclass_parameter(func: Callable) -> type:
 def _typer_parameter(spec: OptionSpec, cls: type) -> inspect.Parameter:
     choices = choices_of(spec.annotation)
     default_text = _default_text(cls, spec.field_name)
-    help_text = f"{spec.help} [{default_text}; env {spec.env_var}]".strip()
+    # parentheses, not brackets: under typer.run's rich markup a [..] would be read as a tag and vanish
+    help_text = f"{spec.help} ({default_text}; env {spec.env_var})".strip()
     if spec.is_bool:
         option = typer.Option(None, f"{spec.option}/--no-{spec.option[2:]}", help=help_text, show_default=False)
         annotation = Optional[bool]

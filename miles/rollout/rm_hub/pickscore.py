@@ -2,7 +2,9 @@
 
 Loaded from `--pickscore-model-path`, a directory holding a `CLIPModel`, its tokenizer and
 image processor (a released PickScore checkpoint, or the tiny one `miles.proxy_assets.pickscore`
-builds from a seed for tests and CPU proxies). Score = logit_scale.exp() x cosine of the image and
+builds from a seed for tests and CPU proxies); `--pickscore-processor-path` takes the tokenizer and
+image processor from another folder (the released PickScore pairs with laion's CLIP-H processor).
+Pairs are scored `--pickscore-batch-size` at a time. Score = logit_scale.exp() x cosine of the image and
 text embeddings / `SCORE_SCALE`; a video scores the mean over a few frames.
 """
 
@@ -20,16 +22,17 @@ from miles.rollout.rm_hub.types import RewardSample, frame_to_pil, pick_frames
 # PickScore's raw logits sit near 20-23; dividing as Flow-GRPO does keeps rewards near [0, 1].
 SCORE_SCALE = 26.0
 VIDEO_FRAMES = 4
-BATCH_SIZE = 32
+BATCH_SIZE = 32  # --pickscore-batch-size's default
 
-_scorers: dict[tuple[str, str], "PickScoreScorer"] = {}
+_scorers: dict[tuple[str, str, int], "PickScoreScorer"] = {}
 _scorers_lock = threading.Lock()
 
 
 class PickScoreScorer:
     """A loaded CLIP model, tokenizer and image processor on one device."""
 
-    def __init__(self, path: str | Path, device: str | None = None) -> None:
+    def __init__(self, path: str | Path, device: str | None = None, processor_path: str | Path | None = None,
+                 batch_size: int = BATCH_SIZE) -> None:
         import torch
         from transformers import AutoTokenizer, CLIPModel
 
@@ -37,16 +40,22 @@ class PickScoreScorer:
         path = Path(path)
         if not (path / "config.json").is_file():
             raise FileNotFoundError(f"no CLIP model at --pickscore-model-path {path} (config.json missing)")
+        processor_path = Path(processor_path or path)
+        if not (processor_path / "preprocessor_config.json").is_file():
+            raise FileNotFoundError(f"no image processor at --pickscore-processor-path {processor_path} "
+                                    "(preprocessor_config.json missing)")
         self.model = CLIPModel.from_pretrained(path).to(self.device).eval()
-        self.tokenizer = AutoTokenizer.from_pretrained(path)
-        self.processor = image_processor_class().from_pretrained(path)
+        self.tokenizer = AutoTokenizer.from_pretrained(processor_path)
+        self.processor = image_processor_class().from_pretrained(processor_path)
+        self.processor_path = processor_path
+        self.batch_size = batch_size
         self.max_length = min(int(self.model.config.text_config.max_position_embeddings), 77)
 
     def score_pairs(self, prompts: list[str], frames: list[np.ndarray]) -> list[float]:
-        """Score frame i against prompt i."""
+        """Score frame i against prompt i, `batch_size` pairs per forward."""
         scores: list[float] = []
-        for start in range(0, len(frames), BATCH_SIZE):
-            stop = start + BATCH_SIZE
+        for start in range(0, len(frames), self.batch_size):
+            stop = start + self.batch_size
             scores.extend(self._score_batch(prompts[start:stop], frames[start:stop]))
         return scores
 
@@ -73,12 +82,13 @@ def image_processor_class():
     return processor_class
 
 
-def get_scorer(path: str | Path) -> PickScoreScorer:
-    """One scorer per model path per process: loading is the expensive part."""
-    key = (str(Path(path).resolve()), "auto")
+def get_scorer(path: str | Path, processor_path: str | Path | None = None,
+               batch_size: int = BATCH_SIZE) -> PickScoreScorer:
+    """One scorer per model, processor and batch size per process: loading is the expensive part."""
+    key = (str(Path(path).resolve()), str(Path(processor_path or path).resolve()), batch_size)
     with _scorers_lock:
         if key not in _scorers:
-            _scorers[key] = PickScoreScorer(path)
+            _scorers[key] = PickScoreScorer(path, processor_path=processor_path, batch_size=batch_size)
         return _scorers[key]
 
 
@@ -99,8 +109,11 @@ async def pickscore_reward(args: Any, samples: list[RewardSample]) -> list[float
     if not path:
         raise ValueError("the pickscore reward needs --pickscore-model-path")
 
+    processor_path = getattr(args, "pickscore_processor_path", None)
+    batch_size = getattr(args, "pickscore_batch_size", None) or BATCH_SIZE
+
     def run() -> list[float]:
-        return score_samples_with(get_scorer(path), samples)
+        return score_samples_with(get_scorer(path, processor_path, batch_size), samples)
 
     # Model calls block; a thread keeps the caller's event loop (an async actor) responsive.
     return await asyncio.to_thread(run)

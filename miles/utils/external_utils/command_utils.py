@@ -10,6 +10,11 @@ must stay fast and side-effect free. See docs/launch-scripts.md.
 What scaled recipes share lives in recipe_options (the `_Scale` base and `ScaledRecipeArgs`, the
 base of their ScriptArgs), recipe_assets (checkpoint, PickScore, prompt files), flag_blocks (the
 parts of a block) and train_job (the blocks a kind of recipe shares, joined and launched).
+
+miles-diffusion's own names (`hf_download_dataset`, `execute_train(..., extra_env_vars=...)` with
+`config` optional, `get_bool_env_var`, `check_has_nvlink`, `repo_base_dir`, ...) come from
+public_names, so a launch script written against it runs here unmodified; a Megatron or mooncake
+name is refused with one line when called.
 """
 
 from __future__ import annotations
@@ -38,7 +43,22 @@ from miles.utils.external_utils.launch_mode import is_dry_run, is_external_ray
 from miles.utils.external_utils.local_cluster import start_ray_worker
 from miles.utils.external_utils.pipeline import pipeline_state_dir, run_pipeline, select_recipe
 from miles.utils.external_utils.plan import read_plan
-from miles.utils.external_utils.processes import exec_command
+from miles.utils.external_utils.public_names import (
+    GENERATION_HARDWARE,
+    NUM_GPUS_OF_HARDWARE,
+    check_has_nvlink,
+    convert_checkpoint,
+    exec_command,
+    execute_train,
+    fp8_cast_bf16,
+    get_bool_env_var,
+    get_env_enable_infinite_run,
+    hf_download_dataset,
+    refused_name,
+    repo_base_dir,
+    rsync_simple,
+    save_to_temp_file,
+)
 from miles.utils.external_utils.recipe_assets import (
     Assets,
     ensure_assets,
@@ -61,7 +81,7 @@ from miles.utils.external_utils.recipe_options import (
 )
 from miles.utils.external_utils.ray_cluster import wait_for_cluster_resources
 from miles.utils.external_utils.train_job import TrainJob, colocated_job, get_default_wandb_args
-from miles.utils.external_utils.train_launch import ClusterInfo, LaunchError, execute_train
+from miles.utils.external_utils.train_launch import ClusterInfo, LaunchError
 from miles.utils.typer_utils import dataclass_cli, dataclass_cli_app, print_options_table
 
 __all__ = [
@@ -80,5 +100,17 @@ __all__ = [
     "flat_micro_batch_args",
     "flow_grpo_args", "gpu_layout_args", "gradient_checkpointing_args", "optimizer_args", "pickscore_args",
     "prompt_batch_args", "rollout_batch_args", "run_dir", "tile_args", "train_backend_args",
+    # miles-diffusion's names, same meaning (public_names)
+    "GENERATION_HARDWARE", "NUM_GPUS_OF_HARDWARE", "check_has_nvlink", "convert_checkpoint", "fp8_cast_bf16",
+    "get_bool_env_var", "get_env_enable_infinite_run", "hf_download_dataset", "repo_base_dir", "rsync_simple",
+    "save_to_temp_file",
 ]
+
+
+def __getattr__(name: str):
+    """A Megatron or mooncake name of miles (`U.convert_megatron_...`, `U.mooncake_...`): calling it
+    refuses with one line; any other unknown name is the usual AttributeError."""
+    if "megatron" in name.lower() or "mooncake" in name.lower():
+        return refused_name(name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 

@@ -115,6 +115,12 @@ class ExecuteTrainConfig:
                           "or PRIVATE are secrets already."},
     )
 
+    cuda_core_dump: bool = field(
+        default=False,
+        metadata={"help": "CUDA writes a core dump of a kernel that faults, to <run-dir>/cuda_coredump_<host>.<pid>.<time> "
+                          "(the CUDA_COREDUMP_* variables in the job's environment)."},
+    )
+
     def __post_init__(self) -> None:
         """Checks that need nothing but the options, so a bad one stops the launch before prepare()
         builds anything: exit status 2 and one line naming the fix."""

@@ -154,7 +154,8 @@ def build_job_env_vars(
 ) -> dict[str, str]:
     """env_vars of the job's runtime env; --extra-env-vars are applied last, so they win."""
     environ = os.environ if environ is None else environ
-    existing_path = environ.get("PYTHONPATH")
+    # the repo root first, once: a launcher started with PYTHONPATH=<repo> gives the job the same path
+    existing_path = ":".join(p for p in (environ.get("PYTHONPATH") or "").split(":") if p and p != str(repo_root))
     env = {
         "PYTHONUNBUFFERED": "1",
         "PYTHONPATH": f"{repo_root}:{existing_path}" if existing_path else str(repo_root),
@@ -172,3 +173,15 @@ def fixed_job_env(environ: Mapping[str, str]) -> dict[str, str]:
     """Extra fixed variables every job gets (numerics pinning and the like): merge them here.
     Applied after the determinism defaults and before wandb and --extra-env-vars."""
     return pinned_env()
+
+
+def cuda_core_dump_env(run_dir: str) -> dict[str, str]:
+    """What ExecuteTrainConfig.cuda_core_dump adds to the job: CUDA writes a core dump of a kernel
+    that faults, into the run directory (the large memory segments left out)."""
+    return {
+        "CUDA_ENABLE_COREDUMP_ON_EXCEPTION": "1",
+        "CUDA_COREDUMP_SHOW_PROGRESS": "1",
+        "CUDA_COREDUMP_GENERATION_FLAGS": "skip_nonrelocated_elf_images,skip_global_memory,skip_shared_memory,"
+                                          "skip_local_memory,skip_constbank_memory",
+        "CUDA_COREDUMP_FILE": f"{run_dir}/cuda_coredump_%h.%p.%t",
+    }

@@ -32,6 +32,10 @@ class LaunchPlan:
     dry_run: bool
     ray: dict[str, Any]
     commands: list[str] = field(default_factory=list)
+    # what the recipe ran through U.exec_command before the launch (prepare()'s downloads), in order
+    prepare_commands: list[str] = field(default_factory=list)
+    # flag -> the Hub repository and commit its value is a cached snapshot of (miles.utils.hub_snapshots)
+    hub_revisions: dict[str, dict] = field(default_factory=dict)
     memory_plan: list[str] = field(default_factory=list)  # per-GPU estimate per role (miles.utils.memory_plan)
     memory_plan_error: str | None = None  # set when the estimate is over budget: the launch is refused
     dry_run_decided_by: str = "default"  # MILES_SCRIPT_ENABLE_RAY_SUBMIT, ENABLE_RAY_SUBMIT or default

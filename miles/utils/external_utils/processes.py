@@ -291,6 +291,11 @@ def print_exec(cmd: str) -> None:
     print(f"EXEC: {cmd}", flush=True)
 
 
+# What this process ran through exec_command before the launch was planned: a recipe's prepare()
+# downloads, in order. The plan records them (dry or real), and so does the dry-run snapshot.
+RECIPE_COMMANDS: list[str] = []
+
+
 def exec_command(
     cmd: str | list[str],
     *,
@@ -302,9 +307,11 @@ def exec_command(
     log_path: str | Path | None = None,
 ) -> subprocess.CompletedProcess:
     """Print `EXEC: <cmd>` and run it with bash; in a dry run only print it. With `log_path` the
-    command's output is appended there instead of shown."""
+    command's output is appended there instead of shown. Every command is also kept in
+    RECIPE_COMMANDS, so the launch plan records what prepare() ran (or would run)."""
     text = cmd if isinstance(cmd, str) else shlex.join(cmd)
     print_exec(text)
+    RECIPE_COMMANDS.append(text)
     if dry_run is None:
         dry_run = is_dry_run()
     if dry_run:

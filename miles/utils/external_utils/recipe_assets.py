@@ -1,16 +1,21 @@
 """What a recipe trains on: its checkpoint, its PickScore model and its prompt files.
 
-Each is named in every run and made (once, then reused) only outside a dry run, which must stay
+Proxy scales: ours, made from a seed (once, then reused) only outside a dry run, which must stay
 free of side effects and of torch: the makers (miles.proxy_assets) are imported when they are called.
+`--scale full`: the released checkpoint and PickScore (a folder of that name under --model-dir
+when there is one, else fetched from the Hub into the shared cache) and flow_grpo's real prompt
+sets (released_assets); a dry run prints the fetch commands instead of running them.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import NamedTuple, Optional, Protocol
 
 from miles.proxy_assets import checkpoint_name, is_built_pickscore, is_current_checkpoint, tiny_pickscore_name
+from miles.utils.external_utils import released_assets
 from miles.utils.external_utils.launch_mode import is_dry_run
 from miles.utils.external_utils.recipe_options import RolloutScale
 
@@ -36,11 +41,12 @@ class Assets(NamedTuple):
 
 
 def ensure_recipe_checkpoint(family: str, size: Optional[str], model_dir: PathLike, released: str = "") -> str:
-    """`<model-dir>/<released>` when size is None (a prerequisite, not checked here); else ours,
+    """size None: the released checkpoint, `<model-dir>/<released>` when that folder exists, else
+    fetched from the Hub (released_assets.RELEASED_CHECKPOINTS); else ours,
     `<model-dir>/miles-<family>-<size>-seed0`, created once outside a dry run."""
     model_dir = Path(model_dir)
     if size is None:
-        return str(model_dir / released)
+        return _released(model_dir, released, released_assets.RELEASED_CHECKPOINTS.get(released))
     cached = model_dir / checkpoint_name(family, size, SEED)
     if is_dry_run() or is_current_checkpoint(cached, size):
         return str(cached)
@@ -53,7 +59,7 @@ def ensure_pickscore(size: Optional[str], model_dir: PathLike) -> str:
     """The released PickScore beside a released checkpoint (size None); else our tiny CLIP."""
     model_dir = Path(model_dir)
     if size is None:
-        return str(model_dir / RELEASED_PICKSCORE)
+        return _released(model_dir, RELEASED_PICKSCORE, released_assets.PICKSCORE)
     cached = model_dir / tiny_pickscore_name(SEED)
     if is_dry_run() or is_built_pickscore(cached):
         return str(cached)
@@ -79,13 +85,40 @@ def ensure_prompt_files(
     return str(prompt_data), str(eval_prompt_data or "")
 
 
+def _released(model_dir: Path, name: str, asset: Optional[released_assets.HubAsset]) -> str:
+    """A released model: the folder under --model-dir if present, else the Hub's (fetched)."""
+    placed = model_dir / name
+    if placed.is_dir() or asset is None:
+        return str(placed)
+    return ensure_released_or_exit(released_assets.ensure_hub_asset, asset)
+
+
+def ensure_released_or_exit(make, *args):
+    """Run an asset maker; an asset that cannot be had (offline, not cached) is one line, exit 2,
+    before anything of the launch starts."""
+    try:
+        return make(*args)
+    except released_assets.AssetMissingError as err:
+        print(f"error: {err}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
+
+
 def ensure_assets(
     family: str, scale: RolloutScale, options: AssetDirs, *, released: str, prompts: str = "general",
     pickscore: bool = False,
 ) -> Assets:
     """The checkpoint for the scale, its train and eval prompt files and, with pickscore, the
     PickScore model that goes with the checkpoint; a dry run only names them."""
-    prompt_data, eval_prompt_data = ensure_prompt_files(prompts, options.data_dir, scale.num_prompts)
+    return ensure_released_or_exit(_ensure_assets, family, scale, options, released, prompts, pickscore)
+
+
+def _ensure_assets(family: str, scale: RolloutScale, options: AssetDirs, released: str, prompts: str,
+                   pickscore: bool) -> Assets:
+    if scale.checkpoint_size is None:  # full scale: the real prompt sets, their own train/test halves
+        prompt_data, eval_prompt_data = released_assets.ensure_released_prompts(
+            released_assets.FULL_SCALE_PROMPTS[prompts], options.data_dir)
+    else:
+        prompt_data, eval_prompt_data = ensure_prompt_files(prompts, options.data_dir, scale.num_prompts)
     checkpoint = ensure_recipe_checkpoint(family, scale.checkpoint_size, options.model_dir, released)
     reward_model = ensure_pickscore(scale.checkpoint_size, options.model_dir) if pickscore else ""
     return Assets(checkpoint, prompt_data, eval_prompt_data, reward_model)

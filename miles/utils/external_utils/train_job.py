@@ -41,17 +41,21 @@ SHARED_BLOCKS = ("ckpt_args", "eval_args", "reward_args", "engine_args", "train_
 RECIPE_BLOCKS = tuple(name for name in FLAG_BLOCKS if name not in SHARED_BLOCKS)
 
 
-def get_default_wandb_args(recipe: str, run_id: str | None = None, *, project: str = "miles-diffusion") -> str:
-    """wandb flags for train_diffusion.py, only when WANDB_API_KEY is set. Never the key itself:
-    the trainer reads it from its environment, where the launcher puts it."""
+def get_default_wandb_args(
+    test_file: str, run_name_prefix: str | None = None, run_id: str | None = None, *, project: str = "miles-diffusion"
+) -> str:
+    """wandb flags for train_diffusion.py, only when WANDB_API_KEY is set (miles-diffusion's
+    signature): group the recipe's file name, run name `[<prefix>_]<group>-<run id>`. Never the key
+    itself: the trainer reads it from its environment, where the launcher puts it."""
     if not os.environ.get("WANDB_API_KEY"):
         return ""
-    group = Path(recipe).stem
+    group = Path(test_file).stem
     words = ["--use-wandb", "--wandb-group", group]
     if not os.environ.get("WANDB_PROJECT"):  # wandb's own variable wins over the recipe's default
         words += ["--wandb-project", project]
-    if run_id:
-        words += ["--wandb-run-name", f"{group}-{run_id}"]
+    if run_id or run_name_prefix:
+        name = f"{group}-{run_id}" if run_id else group
+        words += ["--wandb-run-name", f"{run_name_prefix}_{name}" if run_name_prefix else name]
     return shlex.join(words)
 
 
@@ -83,7 +87,7 @@ class TrainJob:
             raise TypeError(f"train_args: missing the recipe's blocks {missing}, unknown blocks {unknown}; "
                             f"the blocks are {', '.join(FLAG_BLOCKS)}")
         blocks = {name: getattr(self, name) for name in SHARED_BLOCKS} | blocks
-        wandb_args = get_default_wandb_args(self.recipe, self.config.run_id)
+        wandb_args = get_default_wandb_args(self.recipe, run_id=self.config.run_id)
         return " ".join([*(blocks[name] for name in FLAG_BLOCKS), wandb_args])
 
     def execute_train(self, **blocks: str) -> None:

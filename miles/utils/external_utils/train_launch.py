@@ -29,6 +29,7 @@ from miles.utils.external_utils.config import (
 from miles.utils.external_utils.env_vars import (
     ExtraEnvVarsError,
     build_job_env_vars,
+    cuda_core_dump_env,
     is_secret_name,
     master_addr,
     parse_extra_env_vars,
@@ -54,7 +55,7 @@ from miles.utils.external_utils.launch_mode import (
 )
 from miles.utils.external_utils.local_cluster import HEAD_ROLE, end_recorded_run, start_node, stop_node
 from miles.utils.external_utils.plan import LaunchPlan
-from miles.utils.external_utils.processes import LaunchRecord, new_token, print_exec
+from miles.utils.external_utils.processes import RECIPE_COMMANDS, LaunchRecord, new_token, print_exec
 from miles.utils.external_utils.ray_cluster import (
     RayNodeSpec,
     RayPorts,
@@ -63,6 +64,8 @@ from miles.utils.external_utils.ray_cluster import (
     ray_temp_dir_for,
     wait_for_cluster_resources,
 )
+from miles.utils.external_utils.released_assets import AssetMissingError, resolve_checkpoints_in_argv
+from miles.utils.hub_snapshots import hub_revisions_in_argv
 
 LAUNCHER_LOG = "launcher.log"  # Ray's start-up output and the launcher's own tracebacks
 JOB_LOG = "job.log"  # the job's whole output, secrets redacted
@@ -125,7 +128,8 @@ def execute_train(
             print("\n".join(launch.plan.memory_plan), flush=True)
         if launch.plan.memory_plan_error:  # written to plan.json first, so the dry check can show the estimate
             raise LaunchError(f"{launch.plan.memory_plan_error} (plan: {Path(launch.plan.run_dir) / 'plan.json'})")
-    except (LaunchError, LockedFlagError, ExtraEnvVarsError, LaunchModeError, ScriptOptionError) as err:
+    except (LaunchError, LockedFlagError, ExtraEnvVarsError, LaunchModeError, ScriptOptionError,
+            AssetMissingError) as err:
         print(f"error: {err}", file=sys.stderr, flush=True)
         raise SystemExit(2) from None
     if launch.plan.dry_run:
@@ -186,9 +190,12 @@ def _plan_launch(
     locked = locked_flag_values(train_args, locked_flags)
     check_locked_flags(config.extra_args, locked)
     extra_env = parse_extra_env_vars(config.extra_env_vars)
-    env_vars = build_job_env_vars(REPO_ROOT, extra_env)
     run_dir = str(Path(config.output_dir).resolve() / config.run_id)
-    argv = assemble_argv(run_dir, train_args, config.extra_args)
+    if getattr(config, "cuda_core_dump", False):  # --extra-env-vars still win
+        extra_env = {**cuda_core_dump_env(run_dir), **extra_env}
+    env_vars = build_job_env_vars(REPO_ROOT, extra_env)
+    # a hub id given to --hf-checkpoint (in the recipe or --extra-args) becomes its cached snapshot
+    argv = resolve_checkpoints_in_argv(assemble_argv(run_dir, train_args, config.extra_args))
     memory = None
     if _resolve_train_script(train_script) == REPO_ROOT / DEFAULT_TRAIN_SCRIPT:
         memory = validate_train_argv(argv)
@@ -217,10 +224,19 @@ def _plan_launch(
         ray=({"job_server": job.address, "address_from": address_from} if node is None
              else {**node.plan_entry(), "job_server": job.address, "address_from": "own head"}),
         commands=commands,
+        prepare_commands=[redact_text(c, secret_values(env_vars)) for c in _take_recipe_commands()],
+        hub_revisions=hub_revisions_in_argv(argv),
         memory_plan=memory.lines if memory is not None else [],
         memory_plan_error=_memory_error(memory),
     )
     return _Launch(plan, job, node, token, node_secrets, secret_values(env_vars), ray_head_port)
+
+
+def _take_recipe_commands() -> list[str]:
+    """What the recipe ran since the previous launch of this process (a pipeline launches per step)."""
+    taken = list(RECIPE_COMMANDS)
+    RECIPE_COMMANDS.clear()
+    return taken
 
 
 def _memory_error(memory) -> str | None:

@@ -3,8 +3,8 @@ determinism, DP ranks, LoRA, eval, debug switches.
 
 Every run starts its actors afresh (a few seconds of imports and model loading each), so each
 run below carries several assertions: two identical 2-rank sharded, offloaded full-finetune runs
-give parity, determinism and eval; one 1-rank LoRA run whose weight push is skipped once gives LoRA parity
-and the probe's ability to fail; one run skips optimizer steps; one only rolls out.
+give parity, determinism and eval (of the initial weights too, with their own step count); one 1-rank LoRA run whose weight push is skipped once gives LoRA parity
+and the probe's ability to fail; one run skips optimizer steps and the eval before training; one only rolls out.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ def test_two_sharded_offloaded_rank_runs_keep_parity_exact_repeat_bit_for_bit_an
     data-parallel backend's 2-rank runs: test_data_parallel.py.)"""
     buffer = 65536  # bytes, well below the tiny model: the full weights take many buckets
     extra = (f"{RANKS[2]} --num-rollout 3 --deterministic-mode --eval-interval 2 --eval-num-prompts 2 "
+             "--diffusion-eval-num-steps 3 "  # training samples take 4 (TINY_FLAGS)
              f"--update-weight-buffer-size {buffer} --train-backend fsdp --offload-train --offload-rollout")
     rows = run(tiny_argv, tmp_path / "a", extra)
     syncs = weight_syncs(tmp_path / "a")
@@ -56,6 +57,11 @@ def test_two_sharded_offloaded_rank_runs_keep_parity_exact_repeat_bit_for_bit_an
     assert all(r["train/grad_norm"] > 0 for r in rows)
     assert "eval/reward/raw_mean" not in rows[0] and 0.0 <= rows[1]["eval/reward/raw_mean"] <= 1.0
     assert "eval/reward/raw_mean" not in rows[2]
+    # the initial weights were evaluated before rollout 0 (no --skip-eval-before-train), and only then
+    assert 0.0 <= rows[0]["eval_before_train/reward/raw_mean"] <= 1.0
+    assert not any("eval_before_train/reward/raw_mean" in r for r in rows[1:])
+    # eval samples ran --diffusion-eval-num-steps denoising steps, training samples --diffusion-num-steps
+    assert rows[0]["eval_before_train/denoising_steps"] == rows[1]["eval/denoising_steps"] == 3
 
     run(tiny_argv, tmp_path / "b", extra)
     first = (tmp_path / "a" / "metrics.jsonl").read_bytes()
@@ -82,8 +88,13 @@ def test_lora_parity_is_exact_when_synced_and_a_skipped_weight_push_breaks_it(ra
 
 def test_skipped_optimizer_steps_keep_parity(ray_cluster, tiny_argv, tmp_path):
     rows = run(tiny_argv, tmp_path, f"{RANKS[1]} --num-rollout 2 --debug-skip-optimizer-step "
-                                    "--weight-sync object-store")
+                                    "--weight-sync object-store --eval-interval 2 --eval-num-prompts 1 "
+                                    "--skip-eval-before-train")
     assert [r["train/model_output_max_abs_diff"] for r in rows] == [0.0, 0.0]
+    # --skip-eval-before-train: no eval before rollout 0; the interval's eval still runs, with the
+    # training samples' step count (--diffusion-eval-num-steps unset)
+    assert not any(key.startswith("eval") for key in rows[0])
+    assert rows[1]["eval/denoising_steps"] == 4
     syncs = weight_syncs(tmp_path)  # through the object store: no group, no buckets
     assert len(syncs) == 2 and not any("perf/weight_sync_bytes" in s for s in syncs)
     assert rows[0]["train/grad_norm"] > 0

@@ -75,3 +75,12 @@ def test_ray_actor_engine_returns_the_same_trajectories_as_a_local_engine(checkp
     for r, l in zip(remote, local):
         assert torch.equal(r.latents, l.latents) and torch.equal(r.log_probs, l.log_probs)
         assert torch.equal(r.model_outputs, l.model_outputs) and r.prompt == l.prompt
+
+
+def test_eval_samples_take_diffusion_eval_num_steps_and_training_samples_keep_num_steps(checkpoint):
+    engine = RolloutEngine.from_args(_args(checkpoint(), diffusion_num_steps=3, diffusion_eval_num_steps=2))
+    train, evaluated = engine.generate(_requests(1), [0]), engine.generate(_requests(1), [], evaluation=True)
+    assert len(train[0].sigmas) == train[0].latents.shape[0] == 4  # 3 steps: 4 schedule points
+    assert len(evaluated[0].sigmas) == evaluated[0].latents.shape[0] == 3  # 2 steps
+    unset = RolloutEngine.from_args(_args(checkpoint(), diffusion_num_steps=3))
+    assert len(unset.generate(_requests(1), [], evaluation=True)[0].sigmas) == 4

@@ -27,8 +27,23 @@ SCORE = "tests/unit/rollout/rm_hub/test_score_samples.py"
 POOL = "tests/unit/rollout/rm_hub/test_reward_pool.py"
 MEM = "tests/unit/utils/test_memory_plan.py"
 FSDP = "tests/unit/backends/test_fsdp.py"
+PUBLIC = "tests/unit/utils/test_public_flags.py"
 
 FLAG_TESTS = {
+    # miles-diffusion's names (miles/utils/public_flags.py): each parses to what the flag it names parses to
+    "--diffusion-forward-dtype": f"{PUBLIC}::test_each_public_name_parses_to_what_the_flag_it_names_parses_to",
+    "--fsdp-master-dtype": f"{PUBLIC}::test_each_public_name_parses_to_what_the_flag_it_names_parses_to",
+    "--pickscore-num-workers": f"{PUBLIC}::test_each_public_name_parses_to_what_the_flag_it_names_parses_to",
+    "--ocr-num-workers": f"{PUBLIC}::test_each_public_name_parses_to_what_the_flag_it_names_parses_to",
+    "--pickscore-num-gpus-per-worker": f"{PUBLIC}::test_each_public_name_parses_to_what_the_flag_it_names_parses_to",
+    "--diffusion-reward": f"{PUBLIC}::test_each_public_name_parses_to_what_the_flag_it_names_parses_to",
+    "--diffusion-microgroup-size": f"{PUBLIC}::test_each_public_name_parses_to_what_the_flag_it_names_parses_to",
+    "--diffusion-negative-prompt": f"{PUBLIC}::test_each_public_name_parses_to_what_the_flag_it_names_parses_to",
+    "--diffusion-device": f"{PUBLIC}::test_each_public_name_parses_to_what_the_flag_it_names_parses_to",
+    "--diffusion-sde-window-size": f"{PUBLIC}::test_each_public_name_parses_to_what_the_flag_it_names_parses_to",
+    "--diffusion-sde-window-range": f"{PUBLIC}::test_each_public_name_parses_to_what_the_flag_it_names_parses_to",
+    "--offload": f"{PUBLIC}::test_each_public_name_parses_to_what_the_flag_it_names_parses_to",
+    "--debug-train-only": f"{PUBLIC}::test_debug_train_only_is_train_only",
     # cluster
     "--actor-num-nodes": f"{R}::test_train_nodes_fit_the_job",
     "--actor-num-gpus-per-node": f"{DP}::test_two_ranks_match_one_rank_and_each_trains_its_own_shard",
@@ -123,6 +138,10 @@ FLAG_TESTS = {
     "--colocate-reward": f"{P}::test_gpu_colocate_puts_engines_and_colocated_rewards_in_the_train_bundles",
     "--pickscore-model-path": "tests/unit/rollout/rm_hub/test_pickscore_reward.py::"
                               "test_pickscore_without_model_path_is_a_named_error",
+    "--pickscore-processor-path": "tests/unit/rollout/rm_hub/test_pickscore_reward.py::"
+                                  "test_pickscore_processor_path_supplies_the_tokenizer_and_image_processor",
+    "--pickscore-batch-size": "tests/unit/rollout/rm_hub/test_pickscore_reward.py::"
+                              "test_pickscore_batch_size_sets_pairs_per_forward_and_leaves_the_scores",
     "--reward-timeout": f"{SCORE}::test_timeout_names_the_reward",
     # data
     "--prompt-data": f"{DATA}::test_from_args_reads_the_trainer_flags",
@@ -132,6 +151,8 @@ FLAG_TESTS = {
     "--eval-interval": f"{LOOP}::test_two_sharded_offloaded_rank_runs_keep_parity_exact_repeat_bit_for_bit_and_eval_on_their_interval",
     "--eval-prompt-data": f"{LOOP}::test_two_sharded_offloaded_rank_runs_keep_parity_exact_repeat_bit_for_bit_and_eval_on_their_interval",
     "--eval-num-prompts": f"{LOOP}::test_two_sharded_offloaded_rank_runs_keep_parity_exact_repeat_bit_for_bit_and_eval_on_their_interval",
+    "--diffusion-eval-num-steps": f"{LOOP}::test_two_sharded_offloaded_rank_runs_keep_parity_exact_repeat_bit_for_bit_and_eval_on_their_interval",
+    "--skip-eval-before-train": f"{LOOP}::test_skipped_optimizer_steps_keep_parity",
     # checkpoint
     "--save": f"{RESUME}::test_killed_run_resumes_at_the_next_rollout_and_ends_like_an_uninterrupted_one",
     "--save-interval": f"{RESUME}::test_killed_run_resumes_at_the_next_rollout_and_ends_like_an_uninterrupted_one",

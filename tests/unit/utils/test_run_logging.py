@@ -47,6 +47,19 @@ def test_run_json_records_provenance_and_resume(tmp_path):
     assert set(on_disk) >= {"git_commit", "gpu_names", "hostname", "started_at"}
 
 
+def test_run_json_names_the_hub_commit_of_a_cached_checkpoint_it_was_given(tmp_path):
+    repo = tmp_path / "hub" / "models--org--model"
+    snapshot = repo / "snapshots" / ("a" * 40)
+    snapshot.mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("a" * 40)
+    record = write_run_json(tmp_path / "run", ["--hf-checkpoint", str(snapshot), "--lr", "1"], resumed=False,
+                            start_rollout_id=0)
+    assert record["hub_revisions"] == {"--hf-checkpoint": {"repo_id": "org/model", "repo_type": "model",
+                                                           "commit": "a" * 40, "refs": ["main"]}}
+    assert write_run_json(tmp_path / "other", ["--lr", "1"], resumed=False, start_rollout_id=0)["hub_revisions"] == {}
+
+
 def test_progress_line_names_reward_loss_parity_time_and_eta():
     line = Progress(0, 10).line(0, {"rollout/reward/raw_mean": 0.5, "train/loss": 0.25,
                                     "train/model_output_max_abs_diff": 0.0}, 2.0)

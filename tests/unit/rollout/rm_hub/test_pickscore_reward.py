@@ -1,4 +1,6 @@
 import asyncio
+import json
+import shutil
 import hashlib
 
 import numpy as np
@@ -51,3 +53,58 @@ def test_pickscore_scores_are_finite_deterministic_and_depend_on_image_and_promp
 def test_pickscore_without_model_path_is_a_named_error(make_args):
     with pytest.raises(RewardError, match=r"'pickscore'.*--pickscore-model-path.*sample 0"):
         asyncio.run(score_samples(make_args(rm_type="pickscore"), [RewardSample("x", np.zeros((3, 8, 8)))]))
+
+
+def _forward_batch_sizes(scorer) -> list[int]:
+    """Images per forward of the scorer's CLIP model, as they happen."""
+    sizes: list[int] = []
+    scorer.model.register_forward_pre_hook(lambda _, args, kwargs: sizes.append(len(kwargs["pixel_values"])),
+                                           with_kwargs=True)
+    return sizes
+
+
+def test_pickscore_batch_size_sets_pairs_per_forward_and_leaves_the_scores(tiny_clip, make_args):
+    rng = np.random.default_rng(1)
+    samples = [RewardSample(prompt, rng.random((3, 40, 56)))
+               for prompt in ("a red ball", "an owl", "a tall glass of milk on a wooden table", "snow", "a cat")]
+    chunked_args = make_args(rm_type="pickscore", pickscore_model_path=str(tiny_clip), pickscore_batch_size=2)
+    whole_args = make_args(rm_type="pickscore", pickscore_model_path=str(tiny_clip), pickscore_batch_size=8)
+    chunked_sizes = _forward_batch_sizes(get_scorer(tiny_clip, batch_size=2))
+    whole_sizes = _forward_batch_sizes(get_scorer(tiny_clip, batch_size=8))
+    chunked = asyncio.run(score_samples(chunked_args, samples))
+    whole = asyncio.run(score_samples(whole_args, samples))
+    assert chunked_sizes == [2, 2, 1] and whole_sizes == [5]
+    # Each pair's score is the same arithmetic in either batch; only the kernels' blocking (and the
+    # text padding, masked out) can differ with the batch, which moves float32 sums by a few ulps
+    # of their terms. Scores are at most 100 / SCORE_SCALE < 4, so 1e-5 is ~20 float32 ulps of the largest possible score (measured: 4.5e-8).
+    assert np.allclose(chunked, whole, rtol=0.0, atol=1e-5)
+    assert len(set(chunked)) == 5  # distinct scores: equality above compares something
+
+
+def test_pickscore_processor_path_supplies_the_tokenizer_and_image_processor(tiny_clip, make_args, tmp_path):
+    processor = tmp_path / "processor"
+    processor.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tiny_clip / name, processor / name)
+    config = json.loads((tiny_clip / "preprocessor_config.json").read_text())
+    config["image_mean"] = [0.1, 0.2, 0.3]  # another normalisation: images reach the model differently
+    (processor / "preprocessor_config.json").write_text(json.dumps(config))
+    # the same model folder with that processor in place: what scoring with the processor must equal
+    combined = tmp_path / "combined"
+    shutil.copytree(tiny_clip, combined)
+    shutil.copy(processor / "preprocessor_config.json", combined / "preprocessor_config.json")
+
+    samples = [RewardSample("a red ball", np.random.default_rng(2).random((3, 40, 56)))]
+    args = make_args(rm_type="pickscore", pickscore_model_path=str(tiny_clip))
+    own = asyncio.run(score_samples(args, samples))
+    args.pickscore_processor_path = str(processor)
+    other = asyncio.run(score_samples(args, samples))
+    assert other != own
+    assert other == asyncio.run(score_samples(make_args(rm_type="pickscore", pickscore_model_path=str(combined)),
+                                              samples))
+    assert get_scorer(tiny_clip, processor).processor_path == processor
+
+
+def test_pickscore_processor_path_without_an_image_processor_is_a_named_error(tiny_clip, tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"--pickscore-processor-path .*preprocessor_config.json missing"):
+        get_scorer(tiny_clip, tmp_path)

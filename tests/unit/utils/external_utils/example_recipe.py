@@ -94,7 +94,7 @@ def train(args: ScriptArgs) -> None:
     misc_args = f"--device cpu --num-gpus-per-node {max(args.num_gpus_per_node, 1)} --colocate --rm-type brightness "
     train_args = " ".join(
         [ckpt_args, rollout_args, sampling_args, optimizer_args, misc_args,
-         U.get_default_wandb_args(__file__, args.run_id)]
+         U.get_default_wandb_args(__file__, run_id=args.run_id)]
     )
     U.execute_train(
         train_args, args.num_gpus_per_node, args, locked_flags=LOCKED_FLAGS,

@@ -13,7 +13,7 @@ RECIPE = Path(__file__).with_name("example_recipe.py")
 SECRET = "wandb-secret-value-9f8e7d"
 PLAN_KEYS = ["version", "recipe", "run_id", "run_dir", "train_script", "argv", "locked_flags", "runtime_env",
              "num_nodes", "num_gpus_per_node", "cuda_visible_devices", "external_ray", "dry_run", "ray", "commands",
-             "memory_plan", "memory_plan_error", "dry_run_decided_by"]
+             "prepare_commands", "hub_revisions", "memory_plan", "memory_plan_error", "dry_run_decided_by"]
 
 
 @pytest.fixture

@@ -41,11 +41,16 @@ def test_num_rollout_help_lists_each_scales_default_grouped():
 
 def test_a_dry_run_names_the_assets_and_makes_nothing(tmp_path, monkeypatch):
     monkeypatch.setenv("MILES_SCRIPT_ENABLE_RAY_SUBMIT", "0")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     dirs = _Dirs(str(tmp_path / "models"), str(tmp_path / "data"))
     released = U.ensure_assets("sd3", SCALES["full"], dirs, released="SD3", pickscore=True)
     ours = U.ensure_assets("sd3", SCALES["cpu-proxy"], dirs, released="SD3", prompts="ocr")
-    assert released == U.Assets(f"{dirs.model_dir}/SD3", f"{dirs.data_dir}/general_prompts_100.jsonl",
-                                f"{dirs.data_dir}/general_eval_prompts_64.jsonl", f"{dirs.model_dir}/PickScore_v1")
+    # full scale: an unknown released name is read from --model-dir; PickScore and the prompts are fetched
+    assert released == U.Assets(f"{dirs.model_dir}/SD3", f"{dirs.data_dir}/pickscore_train_ac4c86e8cae0.jsonl",
+                                f"{dirs.data_dir}/pickscore_test_ac4c86e8cae0.jsonl",
+                                f"{tmp_path}/hf/hub/models--yuvalkirstain--PickScore_v1/snapshots/main")
     assert ours == U.Assets(f"{dirs.model_dir}/miles-sd3-tiny-seed0", f"{dirs.data_dir}/ocr_prompts_16.jsonl",
                             f"{dirs.data_dir}/ocr_eval_prompts_64.jsonl", "")
     assert not tmp_path.exists() or not any(tmp_path.iterdir())

@@ -1,0 +1,227 @@
+"""The released assets a `--scale full` recipe trains on, fetched from their public sources into
+a cache every run shares: checkpoints and PickScore from the Hugging Face Hub (`hf download`,
+which resumes a partial download), the prompt sets flow_grpo trains and evaluates on from its
+repository at a pinned commit (`curl -C -`, resumable).
+
+Where things go: `$HF_HUB_CACHE`, else `$HF_HOME/hub`, else `~/.cache/huggingface/hub` (the
+Hub's own layout, so a checkpoint fetched by any Hugging Face tool is found and reused); prompt
+files under `<HF_HOME>/miles-prompts/`. `HF_HUB_OFFLINE=1` means no network: an asset missing
+from the cache stops the launch with one line naming it, its cache path and the command that
+fetches it. A dry run only names the paths and prints the commands (it fetches nothing).
+
+Every fetch goes through `exec_command`, so it is printed as `EXEC: ...` and recorded in the
+launch plan (and the dry-run snapshot) as a command prepare() ran.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+from miles.utils.external_utils.launch_mode import is_dry_run
+from miles.utils.external_utils.processes import exec_command, write_text_atomically
+
+_SHA = re.compile(r"[0-9a-f]{40}")
+
+
+class AssetMissingError(RuntimeError):
+    """An asset is not in the cache and may not be fetched (offline); the message is one line."""
+
+
+@dataclass(frozen=True)
+class HubAsset:
+    """A repository on the Hugging Face Hub, at a revision."""
+
+    name: str  # what a recipe calls it (its folder name under --model-dir before)
+    repo_id: str
+    revision: str = "main"  # a commit sha pins it; a branch name resolves once and is then read from the cache
+    repo_type: str = "model"
+    marker: str = ""  # a file a complete snapshot holds (model_index.json for a diffusers checkpoint)
+
+    @property
+    def cache_folder(self) -> str:
+        return f"{self.repo_type}s--{self.repo_id.replace('/', '--')}"
+
+
+@dataclass(frozen=True)
+class PromptFile:
+    """One prompt file of a public repository at a pinned commit (one prompt per line)."""
+
+    name: str
+    repo: str  # GitHub owner/name
+    commit: str
+    path: str
+
+    @property
+    def url(self) -> str:
+        return f"https://raw.githubusercontent.com/{self.repo}/{self.commit}/{self.path}"
+
+
+# The released checkpoints, by the folder name recipes give (`released=`). A branch revision is
+# resolved by the first fetch and read from the cache's refs afterwards (the Hub's own rule).
+RELEASED_CHECKPOINTS: dict[str, HubAsset] = {
+    a.name: a for a in (
+        HubAsset("stable-diffusion-3.5-medium", "stabilityai/stable-diffusion-3.5-medium", marker="model_index.json"),
+        HubAsset("stable-diffusion-3.5-large", "stabilityai/stable-diffusion-3.5-large", marker="model_index.json"),
+        HubAsset("Qwen-Image", "Qwen/Qwen-Image", marker="model_index.json"),
+        HubAsset("Wan2.2-T2V-A14B-Diffusers", "Wan-AI/Wan2.2-T2V-A14B-Diffusers", marker="model_index.json"),
+        HubAsset("Cosmos-Predict2-2B-Text2Image", "nvidia/Cosmos-Predict2-2B-Text2Image", marker="model_index.json"),
+        HubAsset("LTX-2.3", "Lightricks/LTX-2.3", marker="model_index.json"),
+    )
+}
+PICKSCORE = HubAsset("PickScore_v1", "yuvalkirstain/PickScore_v1", marker="config.json")
+
+# flow_grpo's prompt sets (yifan123/flow_grpo, dataset/<set>/{train,test}.txt): the train and
+# test halves are disjoint, which the prompt loader checks again on every run.
+FLOW_GRPO = ("yifan123/flow_grpo", "ac4c86e8cae021841f1fde853d340e0db67690dd")
+PROMPT_SETS: dict[str, tuple[PromptFile, PromptFile]] = {
+    kind: (PromptFile(f"{kind}-train", *FLOW_GRPO, f"dataset/{kind}/train.txt"),
+           PromptFile(f"{kind}-test", *FLOW_GRPO, f"dataset/{kind}/test.txt"))
+    for kind in ("pickscore", "ocr")
+}
+# what a recipe's built-in prompt kind becomes at full scale: scene prompts are PickScore's set
+FULL_SCALE_PROMPTS = {"general": "pickscore", "pickscore": "pickscore", "ocr": "ocr"}
+
+
+# ---- the cache ----
+
+def hf_home() -> Path:
+    if os.environ.get("HF_HOME"):
+        return Path(os.environ["HF_HOME"]).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(xdg) / "huggingface"
+
+
+def hub_cache() -> Path:
+    explicit = os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE")
+    return Path(explicit).expanduser() if explicit else hf_home() / "hub"
+
+
+def prompts_cache() -> Path:
+    return hf_home() / "miles-prompts"
+
+
+def is_offline() -> bool:
+    return (os.environ.get("HF_HUB_OFFLINE") or "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def cached_snapshot(asset: HubAsset, cache: Path | None = None) -> Path | None:
+    """The complete snapshot of `asset` at its revision in the cache, or None."""
+    repo_dir = (cache or hub_cache()) / asset.cache_folder
+    sha = asset.revision if _SHA.fullmatch(asset.revision) else _read_ref(repo_dir, asset.revision)
+    if sha is None:
+        return None
+    snapshot = repo_dir / "snapshots" / sha
+    if not snapshot.is_dir() or (asset.marker and not (snapshot / asset.marker).is_file()):
+        return None
+    return snapshot
+
+
+def _read_ref(repo_dir: Path, revision: str) -> str | None:
+    try:
+        return (repo_dir / "refs" / revision).read_text().strip() or None
+    except OSError:
+        return None
+
+
+def hub_fetch_command(asset: HubAsset, cache: Path | None = None) -> str:
+    words = ["hf", "download", asset.repo_id, "--revision", asset.revision]
+    if asset.repo_type != "model":
+        words += ["--repo-type", asset.repo_type]
+    return shlex.join(words + ["--cache-dir", str(cache or hub_cache())])
+
+
+def prompt_fetch_command(item: PromptFile, dest: Path) -> str:
+    part = f"{dest}.part"
+    return (f"mkdir -p {shlex.quote(str(dest.parent))} && curl -fL --retry 3 -C - -o {shlex.quote(part)} "
+            f"{shlex.quote(item.url)} && mv {shlex.quote(part)} {shlex.quote(str(dest))}")
+
+
+def _missing(what: str, where: Path, command: str) -> AssetMissingError:
+    return AssetMissingError(
+        f"{what} is not in the cache ({where}) and HF_HUB_OFFLINE=1 forbids fetching it; "
+        f"fetch it once online with: {command}"
+    )
+
+
+# ---- fetching ----
+
+def ensure_hub_asset(asset: HubAsset) -> str:
+    """The local snapshot directory of `asset`: from the cache, else fetched (resumable) into it.
+    A dry run prints the fetch command and names the path the snapshot will have."""
+    cache = hub_cache()
+    found = cached_snapshot(asset, cache)
+    if found is not None:
+        return str(found)
+    command = hub_fetch_command(asset, cache)
+    if is_offline():
+        raise _missing(f"{asset.name} ({asset.repo_id}@{asset.revision})", cache / asset.cache_folder, command)
+    exec_command(command)
+    if is_dry_run():
+        return str(cache / asset.cache_folder / "snapshots" / asset.revision)
+    found = cached_snapshot(asset, cache)
+    if found is None:
+        raise AssetMissingError(f"`{command}` finished but {cache / asset.cache_folder} holds no complete "
+                                f"snapshot of {asset.repo_id}@{asset.revision} (no {asset.marker or 'snapshot'})")
+    return str(found)
+
+
+def resolve_hf_checkpoint(value: str, marker: str = "model_index.json") -> str:
+    """`--hf-checkpoint` as a directory (kept) or a hub id `org/name[@revision]` (its cached snapshot,
+    fetched when online)."""
+    if not value or Path(value).exists() or value.startswith(("/", ".", "~")) or value.count("/") != 1:
+        return value
+    repo_id, _, revision = value.partition("@")
+    return ensure_hub_asset(HubAsset(repo_id.split("/")[1], repo_id, revision or "main", marker=marker))
+
+
+def ensure_prompt_file(item: PromptFile) -> Path:
+    """The cached copy of a pinned prompt file (fetched, resumably, when missing)."""
+    dest = prompts_cache() / item.repo.replace("/", "--") / item.commit / item.path
+    if dest.is_file():
+        return dest
+    command = prompt_fetch_command(item, dest)
+    if is_offline():
+        raise _missing(f"prompt set {item.name} ({item.repo}@{item.commit[:12]}:{item.path})", dest, command)
+    exec_command(command)
+    return dest
+
+
+def ensure_released_prompts(kind: str, data_dir: str | os.PathLike) -> tuple[str, str]:
+    """flow_grpo's train and test prompts of `kind` as JSONL files under data_dir (train, eval)."""
+    outputs = []
+    for item in PROMPT_SETS[kind]:
+        source = ensure_prompt_file(item)
+        out = Path(data_dir) / f"{kind}_{item.name.rsplit('-', 1)[1]}_{item.commit[:12]}.jsonl"
+        if not is_dry_run() and not out.is_file():
+            write_text_atomically(out, prompt_lines_as_jsonl(source.read_text(encoding="utf-8")))
+        outputs.append(str(out))
+    return outputs[0], outputs[1]
+
+
+def prompt_lines_as_jsonl(text: str) -> str:
+    """One `{"prompt": line}` record per non-blank line, in file order."""
+    return "".join(json.dumps({"prompt": line.strip()}) + "\n" for line in text.splitlines() if line.strip())
+
+
+# flags of a train argv that take a model directory, and the file a complete snapshot of it holds
+MODEL_PATH_FLAGS = {"--hf-checkpoint": "model_index.json", "--pickscore-model-path": "config.json",
+                    "--pickscore-processor-path": "preprocessor_config.json"}
+
+
+def resolve_checkpoints_in_argv(argv: list[str]) -> list[str]:
+    """Each hub id given to a model flag (MODEL_PATH_FLAGS) replaced by its cached (or fetched) snapshot."""
+    out = list(argv)
+    for i, word in enumerate(out):
+        flag, eq, inline = word.partition("=")
+        if flag not in MODEL_PATH_FLAGS:
+            continue
+        if eq:
+            out[i] = f"{flag}={resolve_hf_checkpoint(inline, MODEL_PATH_FLAGS[flag])}"
+        elif i + 1 < len(out):
+            out[i + 1] = resolve_hf_checkpoint(out[i + 1], MODEL_PATH_FLAGS[flag])
+    return out
