@@ -75,6 +75,7 @@ def _last_checkpoint(save: str | None):
 
 def train(args: Namespace, plan: BatchPlan) -> int:
     """DESIGN section 5: per rollout id, generate -> train -> update weights; eval and save on intervals."""
+    import json
     import os
     import time
     from pathlib import Path
@@ -84,6 +85,7 @@ def train(args: Namespace, plan: BatchPlan) -> int:
 
     from miles.backends import checkpoint as ckpt
     from miles.ray import faults
+    from miles.utils import checkpoint_identity as identity
     from miles.utils.run_logging import MetricsLogger, Progress, init_wandb, log, plot_curves, save_image_grid, write_run_json
     from miles.backends.sft import SFTSource
     from miles.ray.placement import create_placement_group, plan_placement
@@ -97,10 +99,10 @@ def train(args: Namespace, plan: BatchPlan) -> int:
     runtime_env = {"env_vars": {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}} if args.deterministic_mode else None
     if args.deterministic_mode:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    loading = refuse_foreign_checkpoints(args)  # before Ray: a refused run starts nothing
     if not ray.is_initialized():
-        ray.init()
+        ray.init(address=_job_ray_address())
     faults.configure(args)
-    refuse_foreign_checkpoints(args)
     placement = plan_placement(args, ray.cluster_resources().get("CPU"))
     pg = create_placement_group(placement)
     trainer = None if args.debug_rollout_only else TrainActorGroup(args, plan, placement, pg, runtime_env)
@@ -115,9 +117,10 @@ def train(args: Namespace, plan: BatchPlan) -> int:
     phases.mark("actors_ready")
 
     start_id, resumed = args.start_rollout_id or 0, False
-    found = ckpt.latest_checkpoint(args.load) if args.load else None
+    found = (loading.checkpoint.rollout_id, loading.checkpoint.path) if loading.checkpoint is not None else None
     if found is not None:
         last_id, path = found
+        log(identity.data_order_line(loading.checkpoint))
         if trainer is not None:
             trainer.load(str(path))
             if not sft:
@@ -127,9 +130,12 @@ def train(args: Namespace, plan: BatchPlan) -> int:
         resumed = True
     end_id = args.num_rollout or args.num_epoch * rollout.dataset.batches_per_epoch(args.rollout_batch_size)
 
-    write_run_json(args.run_dir, sys.argv[1:], resumed=resumed, start_rollout_id=start_id, device=args.device)
+    write_run_json(args.run_dir, sys.argv[1:], resumed=resumed, start_rollout_id=start_id, device=args.device,
+                   extra=_load_record(args, loading))
+    wandb_run = init_wandb(args, resume_id=loading.checkpoint.record.get("wandb_run_id") if found else None)
+    wandb_id = getattr(wandb_run, "id", None)
     logger = MetricsLogger(args.run_dir, deterministic=args.deterministic_mode, start_rollout_id=start_id,
-                           wandb_run=init_wandb(args))
+                           wandb_run=wandb_run)
     progress = Progress(start_id, end_id)
     log(f"training rollouts {start_id}..{end_id - 1} ({'resumed from ' + str(found[1]) if resumed else 'fresh'}); "
         f"run dir {args.run_dir}")
@@ -160,8 +166,12 @@ def train(args: Namespace, plan: BatchPlan) -> int:
             staging = ckpt.staging_dir(args.save, rollout_id)
             trainer.save(str(staging))
             torch.save({"rollout": rollout.state_dict()}, staging / "driver.pt")
-            (staging / "trainer.json").write_text(f'{{"rollout_id": {rollout_id}}}\n')
-            log(f"saved checkpoint {ckpt.commit(staging, args.save, rollout_id)}")
+            data_order = next(iter(rollout.state_dict().values()), None)
+            record = identity.checkpoint_record(args, rollout_id, data_order, wandb_id)
+            (staging / identity.RECORD).write_text(json.dumps(record, indent=1) + "\n")
+            committed = ckpt.commit(staging, args.save, rollout_id, keep_last=args.keep_last,
+                                    keep_every=args.keep_every)
+            log(f"saved checkpoint {committed}")
 
     phases.mark("loop_end")
     faults.CURRENT_ROLLOUT[0] = None
@@ -179,16 +189,36 @@ def train(args: Namespace, plan: BatchPlan) -> int:
     return 0
 
 
-def refuse_foreign_checkpoints(args: Namespace) -> None:
-    """A fresh run (no --load) never writes over checkpoints it did not make: they may be another
-    run's, and resuming or replacing them must be asked for."""
-    if not args.save or args.load:
-        return
-    found = _last_checkpoint(args.save)
-    if found is not None:
-        raise ValueError(f"--save {args.save} already holds committed checkpoints (latest {found[1].name}, rollout "
-                         f"{found[0]}) and this run was not asked to resume them; fix: add --load {args.save} to "
-                         f"resume that run, or point --save (or --run-id) somewhere new")
+def refuse_foreign_checkpoints(args: Namespace):
+    """A run never writes beside another run's checkpoints, never overwrites its own without being
+    asked to resume them, and loads only a checkpoint trained with its training flags and data
+    order (miles.utils.checkpoint_identity; the launcher's preflight runs the same checks)."""
+    from miles.utils import checkpoint_identity as identity
+    from miles.utils.run_logging import log
+
+    loading = identity.check_run_checkpoints(args)
+    if loading.differences:
+        log(f"WARNING: --load-anyway: loading {loading.checkpoint.path} despite other training flags: "
+            f"{'; '.join(loading.differences)}")
+    return loading
+
+
+def _load_record(args: Namespace, loading) -> dict:
+    """What run.json says about the checkpoint this run started from."""
+    if loading.checkpoint is None:
+        return {}
+    return {"loaded_from": {"path": str(loading.checkpoint.path), "run_id": loading.checkpoint.record.get("run_id"),
+                            "rollout_id": loading.checkpoint.rollout_id, "load_anyway": bool(args.load_anyway),
+                            "flag_differences": loading.differences}}
+
+
+def _job_ray_address() -> str | None:
+    """Inside a Ray job the supervisor sets RAY_ADDRESS to its own cluster; naming it explicitly
+    keeps Ray from announcing it ("Using address ... set in the environment variable"), which only
+    matters when a user's own RAY_ADDRESS picks the cluster."""
+    import os
+
+    return os.environ.get("RAY_ADDRESS") if "RAY_JOB_CONFIG_JSON_ENV_VAR" in os.environ else None
 
 
 if __name__ == "__main__":

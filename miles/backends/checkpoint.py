@@ -1,7 +1,7 @@
 """Checkpoint layout and crash-safe commit.
 
     <save>/rollout_000004/            one committed checkpoint (rollout 4 finished)
-        trainer.json                  rollout id, optimizer step, world size
+        trainer.json                  rollout id and the run's identity (miles.utils.checkpoint_identity)
         driver.pt                     driver state (data position, ...)
         model_<component>.safetensors trained weights (full, or LoRA pairs only)
         ema_<component>.safetensors   EMA shadow, when --use-ema
@@ -9,13 +9,14 @@
         rng_rank<r>.pt                each rank's RNG states
     <save>/latest                     name of the newest committed checkpoint
 
-A checkpoint is written into a staging directory and renamed into place, and `latest` is
-replaced by rename too, so a kill at any moment leaves the previous checkpoint whole and named.
+A checkpoint is written into a staging directory, fsynced (files, directories) and renamed into
+place; `latest` is written, fsynced and replaced by rename too, so a kill or power cut at any
+moment leaves the previous checkpoint whole and named. `--keep-last N` (with `--keep-every K`)
+deletes older checkpoints only after the new one is committed.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import shutil
@@ -25,7 +26,9 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-LATEST = "latest"
+from miles.utils import checkpoint_identity as identity
+
+LATEST = identity.LATEST
 
 
 def checkpoint_name(rollout_id: int) -> str:
@@ -48,31 +51,66 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def commit(staging: Path, root: str | Path, rollout_id: int) -> Path:
-    """Make a fully written staging directory the newest checkpoint."""
+def _fsync_tree(path: Path) -> None:
+    """Every file's data, then every directory's entries, so a power cut cannot leave a named but empty file."""
+    for f in sorted(path.rglob("*")):
+        if f.is_file():
+            with open(f, "rb") as fh:
+                os.fsync(fh.fileno())
+    for d in sorted((p for p in path.rglob("*") if p.is_dir()), reverse=True):
+        _fsync_dir(d)
+    _fsync_dir(path)
+
+
+def commit(staging: Path, root: str | Path, rollout_id: int, *, keep_last: int | None = None,
+           keep_every: int | None = None) -> Path:
+    """Make a fully written staging directory the newest checkpoint, then drop what retention
+    does not keep. A re-save of an existing id sets the old directory aside and deletes it only
+    once the new one is in place and `latest` names it (identity.latest reads the set-aside one
+    if a kill strikes in between)."""
     root = Path(root)
-    for f in staging.iterdir():
-        with open(f, "rb") as fh:
-            os.fsync(fh.fileno())
+    _fsync_tree(staging)
     final = root / checkpoint_name(rollout_id)
+    replaced = root / f"{identity.REPLACED_PREFIX}{final.name}"
     if final.exists():
-        shutil.rmtree(final)
+        if replaced.exists():
+            shutil.rmtree(replaced)  # an older set-aside copy; `final` is whole
+        os.rename(final, replaced)
     os.rename(staging, final)
+    _point_latest(root, final.name)
+    shutil.rmtree(replaced, ignore_errors=True)
+    prune(root, keep_last, keep_every)
+    return final
+
+
+def _point_latest(root: Path, name: str) -> None:
     tmp = root / f".{LATEST}.tmp"
-    tmp.write_text(final.name + "\n")
+    with open(tmp, "w") as fh:
+        fh.write(name + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
     os.rename(tmp, root / LATEST)
     _fsync_dir(root)
-    return final
+
+
+def prune(root: str | Path, keep_last: int | None, keep_every: int | None = None) -> list[Path]:
+    """Delete committed checkpoints outside `--keep-last N` (and every `--keep-every K`th);
+    never the one `latest` names. Returns what was deleted."""
+    committed = identity.all_committed(root)
+    keep = identity.retained([c.rollout_id for c in committed], keep_last, keep_every)
+    newest = identity.latest(root)
+    doomed = [c.path for c in committed if c.rollout_id not in keep and (newest is None or c.path != newest.path)]
+    for path in doomed:
+        shutil.rmtree(path)
+    if doomed:
+        _fsync_dir(Path(root))
+    return doomed
 
 
 def latest_checkpoint(root: str | Path) -> tuple[int, Path] | None:
     """(rollout id, path) of the newest committed checkpoint under root, or None."""
-    pointer = Path(root) / LATEST
-    if not pointer.exists():
-        return None
-    path = Path(root) / pointer.read_text().strip()
-    meta = json.loads((path / "trainer.json").read_text())
-    return int(meta["rollout_id"]), path
+    found = identity.latest(root)
+    return None if found is None else (found.rollout_id, found.path)
 
 
 def save_tensors(path: Path, tensors: dict[str, torch.Tensor]) -> None:

@@ -35,8 +35,8 @@ def fit_marker(size: str, vae_class: str | None) -> int | None:
 
 
 def is_current_checkpoint(path: str | Path, size: str) -> bool:
-    """A complete checkpoint (model_index.json is written last, in a folder renamed into place) that
-    a build now would not replace. Read without torch: a recipe whose checkpoint is cached skips
+    """A complete checkpoint (model_index.json is written last, in a folder renamed into place, and
+    every component it names still holds its config and weights) that a build now would not replace. Read without torch: a recipe whose checkpoint is cached skips
     importing the makers (1.7 s a run)."""
     try:
         index = json.loads((Path(path) / "model_index.json").read_text())
@@ -45,7 +45,11 @@ def is_current_checkpoint(path: str | Path, size: str) -> bool:
     vae = index.get("vae")
     if not (isinstance(vae, list) and len(vae) == 2):
         return False
-    return index.get("_miles_vae_fit") == fit_marker(size, vae[1])
+    if index.get("_miles_vae_fit") != fit_marker(size, vae[1]):
+        return False
+    from miles.utils.checkpoint_layout import missing_parts
+
+    return not missing_parts(path)  # a component lost since (a partial copy, a deleted folder): rebuild
 
 
 def is_built_pickscore(path: str | Path) -> bool:

@@ -372,6 +372,12 @@ def _checkpoint(parser) -> None:
     g.add_argument("--load", default=None, help="checkpoint directory to resume from")
     g.add_argument("--start-rollout-id", type=non_negative_int, default=None,
                    help="first rollout id; unset: from --load, else 0")
+    _switch(g, "--load-anyway", "load a --load checkpoint trained with other training flags (each difference is "
+            "printed and recorded in run.json); without it such a load is refused")
+    g.add_argument("--keep-last", type=positive_int, default=None,
+                   help="keep only the newest N committed checkpoints under --save; unset: keep all")
+    g.add_argument("--keep-every", type=positive_int, default=None,
+                   help="with --keep-last: also keep each checkpoint whose rollout count is a multiple of K")
 
 
 def _debug(parser) -> None:

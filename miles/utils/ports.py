@@ -28,8 +28,8 @@ def free_port_range(count: int, span: tuple[int, int], host: str = "127.0.0.1", 
     """The lowest of `count` consecutive ports inside `span` that are all free now."""
     for _ in range(tries):
         low = random.randrange(span[0], span[1] - count)
-        span = range(low, low + count)
-        if not avoid.intersection(span) and all(_port_is_free(p, host) for p in span):
+        ports = range(low, low + count)
+        if not avoid.intersection(ports) and all(_port_is_free(p, host) for p in ports):
             return low
     raise RuntimeError(f"no {count} consecutive free ports found in {span}")
 

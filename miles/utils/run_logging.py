@@ -76,8 +76,11 @@ def read_metrics(run_dir: str | Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line]
 
 
-def init_wandb(args):
+def init_wandb(args, resume_id: str | None = None):
     """A wandb run mirroring the metrics, or None. The key comes from WANDB_API_KEY only.
+
+    `resume_id`: the wandb run a resumed run's checkpoint recorded; that run is continued (same id)
+    instead of a new one being opened.
 
     wandb's own conventions hold: WANDB_MODE, WANDB_PROJECT, WANDB_ENTITY and WANDB_DIR from the
     environment apply unless a flag was given. A wandb that cannot start (offline machine, bad key)
@@ -101,6 +104,7 @@ def init_wandb(args):
             dir=args.wandb_dir or os.environ.get("WANDB_DIR") or str(Path(args.run_dir)),
             config={k: v for k, v in vars(args).items() if isinstance(v, (str, int, float, bool, type(None), list))},
             settings=wandb.Settings(init_timeout=float(os.environ.get("WANDB_INIT_TIMEOUT", "30"))),
+            **({"id": resume_id, "resume": "allow"} if resume_id else {}),
         )
     except Exception as err:  # wandb raises its own types (CommError, UsageError, AuthenticationError...)
         reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
@@ -179,7 +183,7 @@ def _handle_by_uuid_prefix(pynvml, prefix: str):
 
 
 def write_run_json(run_dir: str | Path, argv: list[str], *, resumed: bool, start_rollout_id: int,
-                   device: str = "cuda") -> dict:
+                   device: str = "cuda", extra: dict | None = None) -> dict:
     import torch
 
     from miles.utils import numerics
@@ -200,6 +204,7 @@ def write_run_json(run_dir: str | Path, argv: list[str], *, resumed: bool, start
         # what decides the run's bits, compared with a standard's (docs/testing.md), and the machine
         "fingerprint": numerics.fingerprint(gpu_names, driver, torch.version.cuda),
         "machine": numerics.machine_info(),
+        **(extra or {}),  # e.g. loaded_from: the checkpoint resumed, and what --load-anyway accepted
     }
     path = Path(run_dir) / "run.json"
     path.parent.mkdir(parents=True, exist_ok=True)

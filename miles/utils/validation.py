@@ -176,6 +176,13 @@ def _checkpointing(ns: Namespace, family: FamilyFacts) -> None:
     if ns.save_interval is not None and not ns.save:
         raise ConfigError(f"--save-interval {ns.save_interval} needs --save DIR; fix: add --save or drop "
                           f"--save-interval")
+    if ns.keep_last is not None and not ns.save:
+        raise ConfigError(f"--keep-last {ns.keep_last} needs --save DIR; fix: add --save or drop --keep-last")
+    if ns.keep_every is not None and ns.keep_last is None:
+        raise ConfigError(f"--keep-every {ns.keep_every} needs --keep-last N (without it every checkpoint is kept); "
+                          f"fix: add --keep-last or drop --keep-every")
+    if ns.load_anyway and not ns.load:
+        raise ConfigError("--load-anyway needs --load DIR; fix: add --load or drop --load-anyway")
 
 
 def _lora_flags(ns: Namespace, family: FamilyFacts) -> None:

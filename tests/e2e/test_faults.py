@@ -89,17 +89,20 @@ def runs(tmp_path_factory, foreign_ray_names):
         result = run_recipe(CASE, out, token=token, extra_args=args, env={"MILES_SCRIPT_MODEL_DIR": model_dir})
         if watcher is not None:
             watcher.join(timeout=60)
-        _remove_ray_temp_dir(out)  # first: a failed assertion below must not leave a Ray session behind
+        left_temp_dir = _remove_ray_temp_dir(out)  # first: a failed assertion must not leave a Ray session behind
+        assert not left_temp_dir, result.report(f"the launcher left its Ray temp dir {left_temp_dir} (no --keep-ray-logs)")
         assert not result.survivors, result.report("processes survived SIGKILL")
         assert not result.ended, result.report("the launcher left processes for the harness to end")  # incl. respawns
         assert not token_pids(token)
         return result
 
+    run.model_dir = Path(model_dir)
     return run
 
 
-def _remove_ray_temp_dir(out: Path) -> None:
-    """After a failure the launcher keeps Ray's logs; the suite leaves no Ray session behind."""
+def _remove_ray_temp_dir(out: Path) -> str | None:
+    """The launcher removes its head's temp dir on every exit path; should one be left, the suite
+    removes it (no Ray session outlives the suite) and returns its path."""
     import shutil
 
     from miles.utils.external_utils.ray_cluster import ray_temp_dir_for
@@ -107,8 +110,10 @@ def _remove_ray_temp_dir(out: Path) -> None:
     record = out / ".launcher" / "head.json"
     if record.is_file():
         temp = json.loads(record.read_text()).get("ray_temp_dir") or ""
-        if temp.startswith(ray_temp_dir_for("")):
+        if temp.startswith(ray_temp_dir_for("")) and Path(temp).exists():
             shutil.rmtree(temp, ignore_errors=True)
+            return temp
+    return None
 
 
 @pytest.fixture(scope="module")
@@ -312,3 +317,104 @@ def _role(pid: int) -> str:
     except OSError:
         return ""
     return Path(argv0).name
+
+
+# -- issue 27: a run never confuses itself with another run's checkpoints --------------------------
+
+def _files(path: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+def assert_refused_before_training(run: RecipeRun, run_id: str, *words: str) -> str:
+    """Exit 2, one error line naming `words`, no Ray head started, nothing of the run's but its record."""
+    assert run.returncode == 2, run.report()
+    log = run.log_path.read_text(errors="replace")
+    errors = [l for l in log.splitlines() if l.startswith("error: ")]
+    assert len(errors) == 1 and errors[0] == last_line(run), run.report()
+    assert "Traceback" not in log and "restart 1/" not in log and "Ray head up" not in log
+    for word in words:
+        assert word in errors[0], run.report(f"{word!r} missing from: {errors[0]}")
+    written = sorted(p.name for p in (run.out_dir / run_id).iterdir()) if (run.out_dir / run_id).exists() else []
+    assert all(name.startswith("refused-") for name in written), written
+    assert not (run.out_dir / ".launcher").exists()  # no Ray node was started or recorded
+    return errors[0]
+
+
+def test_a_fresh_run_pointed_at_another_runs_save_dir_is_refused_and_leaves_it_byte_identical(runs, uninterrupted):
+    theirs = save_dir(uninterrupted)
+    before = _files(theirs)
+    run = runs("intruder", ["--run-id", "intruder", "--extra-args", f"{EXTRA} --save {theirs}", "--max-restarts", "2"])
+    assert_refused_before_training(run, "intruder", f"--save {theirs}", f"another run ({RUN_ID}", "fix: ")
+    assert _files(theirs) == before
+    print(f"refused in {run.wall_time:.2f}s (the launcher's wall time)")
+
+
+def test_a_load_of_a_differently_configured_checkpoint_is_refused_and_leaves_it_byte_identical(runs, uninterrupted):
+    theirs = save_dir(uninterrupted)
+    before = _files(theirs)
+    run = runs("other-config", ["--run-id", "other-config", "--extra-args", f"{EXTRA} --load {theirs} --lr 5e-4",
+                                "--max-restarts", "2"])
+    assert_refused_before_training(run, "other-config", f"--load {theirs}", "(checkpoint: ", "--lr 0.0005",
+                                   "--load-anyway")
+    assert _files(theirs) == before
+    print(f"refused in {run.wall_time:.2f}s (the launcher's wall time)")
+
+
+def test_a_checkpoint_without_its_vae_with_max_restarts_2_fails_once_in_one_line(runs, uninterrupted, tmp_path):
+    import shutil
+
+    from miles.proxy_assets import checkpoint_name
+    from miles.utils.external_utils.recipe_assets import SEED
+
+    broken = tmp_path / "sd3-without-vae"
+    shutil.copytree(runs.model_dir / checkpoint_name("sd3", "tiny", SEED), broken)  # the one the suite's runs use
+    shutil.rmtree(broken / "vae")
+    run = runs("no-vae", ["--run-id", "no-vae", "--extra-args", f"{EXTRA} --hf-checkpoint {broken}",
+                          "--max-restarts", "2"])
+    assert_refused_before_training(run, "no-vae", f"--hf-checkpoint {broken}", "vae/", "fix: ")
+    assert run.wall_time < 5, f"{run.wall_time:.1f}s"
+    print(f"refused in {run.wall_time:.2f}s (the launcher's wall time)")
+
+
+# -- a SIGKILL during a save leaves the previous checkpoint loadable, bit for bit -------------------
+
+def test_sigkill_of_the_train_rank_during_a_save_leaves_the_previous_checkpoint_loadable_bit_exact(runs, uninterrupted):
+    killed = {}
+
+    def sigkill_the_saving_rank(out: Path, token: str) -> None:
+        wait_for_path(out / RUN_ID / "checkpoints" / ".staging_rollout_000001")
+        time.sleep(1.0)  # the rank is inside the save (slow-save sleeps 20 s there)
+        for pid in token_pids(token):
+            if _proctitle(pid).startswith("ray::TrainActor"):
+                os.kill(pid, signal.SIGKILL)
+                killed["at"] = time.time()
+
+    run = runs("sigkill-save", extra_args("slow-save@1"), during=sigkill_the_saving_rank)
+    assert "at" in killed, run.report("no train rank was found inside the save")
+    assert run.returncode not in (0, None)
+    assert_checkpoint_loads(run, 0)
+    assert not (save_dir(run) / "rollout_000001").exists()
+    ours = _files(save_dir(run) / "rollout_000000")
+    theirs = _files(save_dir(uninterrupted) / "rollout_000000")
+    assert ours == theirs, "the checkpoint before the kill differs from the uninterrupted run's"
+
+
+def _proctitle(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def test_a_normal_run_prints_neither_rays_address_line_nor_an_unneeded_open_files_warning(uninterrupted):
+    import resource
+
+    from miles.utils.external_utils.local_cluster import open_files_needed
+    from miles.utils.external_utils.ray_cluster import RayNodeSpec, RayPorts, cpu_job_num_cpus
+
+    log = uninterrupted.log_path.read_text(errors="replace")
+    assert "Ray head up on" in log  # the launcher's own line says where the head is
+    assert "set in the environment variable RAY_ADDRESS" not in log and "Using address" not in log
+    head = RayNodeSpec("127.0.0.1", RayPorts(), "/tmp/mray-x", 0, cpu_job_num_cpus(0))  # the CPU recipe's head
+    if resource.getrlimit(resource.RLIMIT_NOFILE)[1] >= open_files_needed(head):  # the limit covers it: no warning
+        assert "open-files limit" not in log

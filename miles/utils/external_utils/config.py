@@ -52,10 +52,31 @@ def check_extra_args_flags(extra_args: str) -> None:
     from miles.utils.arguments import build_parser, unrecognized_message
 
     known = set(build_parser().known_flags())
-    unknown = [w for w in shlex.split(extra_args or "") if w.startswith("--") and w.split("=", 1)[0] not in known]
+    unknown = [w for w in split_extra_args(extra_args) if w.startswith("--") and w.split("=", 1)[0] not in known]
     if unknown:
         raise ScriptOptionError(f"--extra-args: {unrecognized_message(unknown, sorted(known))} "
                                 f"(python3 train_diffusion.py --help lists every flag)")
+
+
+def split_extra_args(extra_args: str) -> list[str]:
+    """--extra-args as words; an unclosed quote names the option whose value it opens."""
+    try:
+        return shlex.split(extra_args or "")
+    except ValueError as err:
+        words = (extra_args or "").split()
+        opened = next((i for i in range(1, len(words) + 1) if _unbalanced(" ".join(words[:i]))), None)
+        option = next((w for w in reversed(words[:(opened or 1) - 1]) if w.startswith("-")), None)
+        where = f"the value of {option.split('=', 1)[0]} ({words[opened - 1]})" if option and opened else extra_args
+        raise ScriptOptionError(f"--extra-args {extra_args!r}: {str(err).lower()} in {where}; fix: close the quote, "
+                                f"e.g. --extra-args '--lr 5e-4'") from None
+
+
+def _unbalanced(text: str) -> bool:
+    try:
+        shlex.split(text)
+        return False
+    except ValueError:
+        return True
 
 
 def _default_num_nodes() -> int:
@@ -107,6 +128,11 @@ class ExecuteTrainConfig:
         metadata={"help": "After a failure classified as infrastructure (an actor or node died, a deadline passed), "
                           "relaunch the same run id from its last committed checkpoint, up to this many times "
                           "(never after a deterministic failure: a bad flag, a NaN, a reward that raises)."},
+    )
+    keep_ray_logs: bool = field(
+        default=False,
+        metadata={"help": "Keep the Ray temp dir of this run's own head (Ray's session logs) when it ends; by default it "
+                          "is removed on every exit (success, failure, Ctrl-C)."},
     )
     secret_env: str = field(
         default="",

@@ -63,13 +63,40 @@ def start_node(
     Ray's start-up banner (and its advice to run Ray's stop-everything command, forbidden on a shared host)
     goes to `log_path` (default `<output_dir>/.launcher/<role>.log`), not to the terminal.
     """
-    raise_open_files_limit()
+    warn_open_files_once(open_files_needed(spec))
     record.save(output_dir)  # before starting: a crash mid-start must still be cleanable
     env = ray_start_env(environ_with_token(record.token, **(inherited_env or {})), cuda_visible_devices)
     log_path = Path(log_path) if log_path else LaunchRecord.path_for(output_dir, record.role).with_suffix(".log")
     _run_in_own_session(ray_start_command(spec, cuda_visible_devices), env, log_path, record, output_dir)
     record.pgids = pgids_of(pids_with_token(record.token))
     record.save(output_dir)
+
+
+# Descriptors a node's processes hold: about 15 daemons at ~100 each, and each worker (an actor or
+# a task process) ~50 (sockets to the raylet, GCS and peers, its log files, the shared-memory store).
+OPEN_FILES_BASE = 2048
+OPEN_FILES_PER_CPU_OR_GPU = 256
+_WARNED_OPEN_FILES: list[int] = []
+
+
+def open_files_needed(spec: RayNodeSpec) -> int:
+    """What the node's raylet needs at most: a base plus a share per slot that can hold a worker."""
+    import os
+
+    slots = (spec.num_cpus or os.cpu_count() or 1) + int(spec.num_gpus or 0)
+    return OPEN_FILES_BASE + OPEN_FILES_PER_CPU_OR_GPU * slots
+
+
+def warn_open_files_once(needed: int) -> int:
+    """Raise the soft open-files limit to the hard one (the raylet inherits it); warn, once per
+    launcher and only when it stays below what this node needs, with the fix."""
+    soft = raise_open_files_limit(minimum=0)
+    if soft < needed and not _WARNED_OPEN_FILES:
+        _WARNED_OPEN_FILES.append(soft)
+        print(f"WARNING: open-files limit {soft} is below the ~{needed} this Ray node may need (its raylet would "
+              f"die later with 'Socket closed'); fix: raise the hard limit (ulimit -Hn / limits.conf) before "
+              f"launching", file=sys.stderr, flush=True)
+    return soft
 
 
 def _run_in_own_session(command: str, env: Mapping[str, str], log_path: Path, record: LaunchRecord,
@@ -95,14 +122,16 @@ def _run_in_own_session(command: str, env: Mapping[str, str], log_path: Path, re
 AFTER_SUCCESS_GRACE_S = 0.5
 
 
-def stop_node(record: LaunchRecord, succeeded: bool = False) -> None:
-    """End the node's processes. After a success its temp dir (Ray's logs, spilled objects) goes
-    too; after a failure the processes get the full grace and the logs are kept, until the next
-    run's cleanup."""
+def stop_node(record: LaunchRecord, succeeded: bool = False, keep_logs: bool = False) -> None:
+    """End the node's processes, then remove its temp dir (Ray's session logs, sockets, spilled
+    objects: 2-6 MB a run) on every exit path unless `keep_logs` (--keep-ray-logs). After a
+    failure the processes get the full grace. The job's own output stays in the run dir."""
     grace_s = AFTER_SUCCESS_GRACE_S if succeeded else TERM_GRACE_S
     ended = end_token_processes(record.token, grace_s=grace_s, session=record.session)
     print(f"ended the Ray node this launcher started ({len(ended)} process(es), token {record.token})", flush=True)
-    if succeeded:
+    if keep_logs:
+        print(f"Ray's logs kept in {record.ray_temp_dir} (--keep-ray-logs)", flush=True)
+    else:
         _remove_our_temp_dir(record)
 
 
@@ -123,6 +152,7 @@ def start_ray_worker(
     role: str = WORKER_ROLE,
     poll_s: float = 2.0,
     head_lost_after: int = 3,
+    keep_ray_logs: bool = False,
 ) -> int:
     """Join the Ray head at `head_address` (host:gcs_port) as another node and block.
 
@@ -149,7 +179,7 @@ def start_ray_worker(
         print("interrupted: leaving the cluster", flush=True)
         status = 0
     finally:
-        stop_node(record, succeeded=status == 0)
+        stop_node(record, succeeded=status == 0, keep_logs=keep_ray_logs)
     return status
 
 

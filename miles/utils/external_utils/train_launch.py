@@ -122,6 +122,7 @@ def execute_train(
     phases.mark("launch_start")
     try:
         launch = _plan_launch(train_args, num_gpus_per_node, config, locked_flags, train_script, ray_head_port)
+        refuse_bad_inputs(launch, config)  # preflight: before anything is written or started
         _write_plan(launch.plan)
         phases.mark("launch_planned")
         if launch.plan.memory_plan:
@@ -140,8 +141,33 @@ def execute_train(
         raise SystemExit(status)
 
 
+def refuse_bad_inputs(launch: _Launch, config: ExecuteTrainConfig) -> None:
+    """The preflight (miles.utils.external_utils.preflight) over the assembled train argv; a refusal
+    is recorded beside whatever the run dir already holds and ends the launch with one line."""
+    from miles.utils.external_utils import preflight
+
+    if _resolve_train_script(launch.plan.train_script) != REPO_ROOT / DEFAULT_TRAIN_SCRIPT:
+        return  # another trainer's flags are not ours to check
+    host = preflight.HostFacts(
+        num_nodes=config.num_nodes, cuda_visible_devices=config.cuda_visible_devices or "",
+        dry_run=launch.plan.dry_run,
+        import_paths=tuple(p for p in launch.job.env_vars.get("PYTHONPATH", "").split(":") if p))
+    try:
+        preflight.preflight(list(launch.plan.argv), host)
+    except (preflight.PreflightError, ValueError) as err:
+        reason = redact_text(str(err), launch.secrets)
+        preflight.write_refusal(launch.plan.run_dir, reason, redact_text(shlex.join(launch.plan.argv), launch.secrets))
+        raise LaunchError(reason) from None
+
+
 def _write_plan(plan: LaunchPlan) -> None:
-    """The first write of a launch: an unwritable --output-dir is one line, not a traceback."""
+    """The first write of a launch: an unwritable --output-dir is one line, not a traceback. A
+    launch refused for its memory plan leaves an earlier run's plan.json alone."""
+    from miles.utils.external_utils import preflight
+
+    if plan.memory_plan_error and (Path(plan.run_dir) / "plan.json").exists():
+        preflight.write_refusal(plan.run_dir, plan.memory_plan_error, shlex.join(plan.argv), plan=plan.to_dict())
+        return
     try:
         plan.write()
     except OSError as err:
@@ -384,7 +410,7 @@ def _run_launch(
               file=sys.stderr, flush=True)
     finally:
         if record is not None:
-            stop_node(record, succeeded=status == 0)
+            stop_node(record, succeeded=status == 0, keep_logs=config.keep_ray_logs)
         phases.mark("teardown_end")
     job_ran = attempts[-1].exit is not None  # a job ended or was stopped (not a launch error before it)
     if job_ran:
@@ -429,7 +455,7 @@ def _restart(launch: _Launch, record: LaunchRecord | None, config: ExecuteTrainC
           + (f"from {found[1]} (rollout {found[0]}, resuming at {found[0] + 1})" if found
              else "from the start (no committed checkpoint)"), file=sys.stderr, flush=True)
     if record is not None:
-        stop_node(record)
+        stop_node(record, keep_logs=config.keep_ray_logs)
     argv = list(launch.plan.argv) + (["--load", save] if found else [])
     attempts.append(restarts.Attempt(n, load=save if found else None,
                                      resumed_from_rollout=found[0] + 1 if found else None))

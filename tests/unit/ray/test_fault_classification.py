@@ -118,9 +118,12 @@ def test_a_fresh_run_refuses_a_save_dir_holding_another_runs_checkpoints(tmp_pat
 
     save = tmp_path / "ckpt"
     (save / "rollout_000004").mkdir(parents=True)
-    (save / "rollout_000004" / "trainer.json").write_text(json.dumps({"rollout_id": 4}))
+    (save / "rollout_000004" / "trainer.json").write_text(json.dumps({"rollout_id": 4, "run_id": "r"}))
     (save / "latest").write_text("rollout_000004\n")
+    run = dict(run_dir=str(tmp_path / "r"), load_anyway=False)
     with pytest.raises(ValueError, match=r"already holds committed checkpoints .* add --load"):
-        train_diffusion.refuse_foreign_checkpoints(argparse.Namespace(save=str(save), load=None))
-    train_diffusion.refuse_foreign_checkpoints(argparse.Namespace(save=str(save), load=str(save)))  # asked for
-    train_diffusion.refuse_foreign_checkpoints(argparse.Namespace(save=str(tmp_path / "new"), load=None))
+        train_diffusion.refuse_foreign_checkpoints(argparse.Namespace(save=str(save), load=None, **run))
+    with pytest.raises(ValueError, match=r"holds checkpoints of another run \(r: "):
+        train_diffusion.refuse_foreign_checkpoints(argparse.Namespace(save=str(save), load=str(save),
+                                                                      **{**run, "run_dir": str(tmp_path / "s")}))
+    train_diffusion.refuse_foreign_checkpoints(argparse.Namespace(save=str(tmp_path / "new"), load=None, **run))

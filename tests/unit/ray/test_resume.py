@@ -1,4 +1,6 @@
-"""SIGKILL a run's process group after a checkpoint, resume with --load: same weights, same metrics."""
+"""SIGKILL a run's process group after a checkpoint, resume with --load: same weights, same metrics,
+the data order restored from the checkpoint (said in one line), the same wandb run continued; the
+uninterrupted run keeps only its newest checkpoint (--keep-last 1)."""
 
 from __future__ import annotations
 
@@ -30,10 +32,11 @@ def finish(proc: subprocess.Popen, log: Path) -> None:
 
 def test_killed_run_resumes_at_the_next_rollout_and_ends_like_an_uninterrupted_one(ray_cluster, tiny_argv, tmp_path):
     whole, killed = tmp_path / "whole", tmp_path / "killed"
-    finish(launch(tiny_argv(whole, f"{FLAGS} --save {whole}/ckpt"), ray_cluster, tmp_path / "whole.log"),
+    finish(launch(tiny_argv(whole, f"{FLAGS} --save {whole}/ckpt --keep-last 1"), ray_cluster, tmp_path / "whole.log"),
            tmp_path / "whole.log")
+    assert sorted(p.name for p in (whole / "ckpt").iterdir()) == ["latest", "rollout_000004"]
 
-    argv = tiny_argv(killed, f"{FLAGS} --save {killed}/ckpt")
+    argv = tiny_argv(killed, f"{FLAGS} --save {killed}/ckpt --use-wandb --wandb-mode offline")
     proc = launch(argv, ray_cluster, tmp_path / "first.log")
     deadline = time.monotonic() + 900
     while latest_checkpoint(killed / "ckpt") is None:
@@ -49,6 +52,14 @@ def test_killed_run_resumes_at_the_next_rollout_and_ends_like_an_uninterrupted_o
 
     run = json.loads((killed / "run.json").read_text())
     assert run["resumed"] is True and run["start_rollout_id"] == killed_after + 1
+    record = json.loads((latest_checkpoint(killed / "ckpt")[1] / "trainer.json").read_text())
+    assert record["run_id"] == "killed" and record["training_flags"]["lr"] and record["code_version"]
+    assert run["loaded_from"]["run_id"] == "killed" and run["loaded_from"]["flag_differences"] == []
+    order = f"data order: restored from rollout_{killed_after:06d}: seed "
+    assert sum(order in line for line in (tmp_path / "second.log").read_text().splitlines()) == 1
+    # one wandb run across the kill: the resumed attempt continued the id the checkpoint recorded
+    wandb_runs = {p.name.rsplit("-", 1)[-1] for p in (killed / "wandb").glob("offline-run-*")}
+    assert record["wandb_run_id"] and wandb_runs == {record["wandb_run_id"]}
     assert (killed / "metrics.jsonl").read_bytes() == (whole / "metrics.jsonl").read_bytes()
     final = latest_checkpoint(killed / "ckpt")
     assert final[0] == 4 and latest_checkpoint(whole / "ckpt")[0] == 4

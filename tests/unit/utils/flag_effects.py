@@ -158,6 +158,9 @@ FLAG_TESTS = {
     "--save-interval": f"{RESUME}::test_killed_run_resumes_at_the_next_rollout_and_ends_like_an_uninterrupted_one",
     "--load": f"{RESUME}::test_killed_run_resumes_at_the_next_rollout_and_ends_like_an_uninterrupted_one",
     "--start-rollout-id": f"{M}::test_a_resumed_logger_drops_rows_from_the_start_id_on",
+    "--load-anyway": "tests/unit/utils/test_checkpoint_identity.py::test_a_load_with_other_training_flags_names_each_one_unless_load_anyway",
+    "--keep-last": "tests/unit/backends/test_checkpoint.py::test_keep_last_2_over_5_saves_leaves_exactly_the_last_2_and_latest",
+    "--keep-every": "tests/unit/backends/test_checkpoint.py::test_keep_every_kth_is_kept_beside_the_last_n",
     # debug
     "--diffusion-debug-mode": f"{LOOP}::test_two_sharded_offloaded_rank_runs_keep_parity_exact_repeat_bit_for_bit_and_eval_on_their_interval",
     "--debug-skip-optimizer-step": f"{LOOP}::test_skipped_optimizer_steps_keep_parity",

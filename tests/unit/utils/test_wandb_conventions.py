@@ -46,3 +46,12 @@ def test_parser_leaves_wandb_mode_to_the_environment():
 
     ns = build_parser().parse_args(["--hf-checkpoint", "x"])
     assert ns.wandb_mode is None and ns.wandb_required is False
+
+
+def test_a_resumed_run_continues_the_wandb_run_its_checkpoint_recorded(tmp_path, monkeypatch):
+    seen = {}
+    monkeypatch.setattr(wandb, "init", lambda **kw: seen.update(kw) or "run")
+    init_wandb(_args(tmp_path))
+    assert "id" not in seen and "resume" not in seen  # a fresh run: wandb picks a new id
+    init_wandb(_args(tmp_path), resume_id="abc123")
+    assert (seen["id"], seen["resume"]) == ("abc123", "allow")

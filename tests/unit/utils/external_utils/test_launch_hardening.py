@@ -76,8 +76,10 @@ def test_external_address_without_a_job_server_url_exits_2_naming_the_variable(o
 
 def test_unreachable_external_cluster_is_one_line_within_seconds(out):
     port = free_ports(1)[0]
-    result = _launch(out, dry=False, MILES_SCRIPT_ENABLE_RAY_SUBMIT="1", MILES_SCRIPT_EXTERNAL_RAY="1",
-                     MILES_SCRIPT_RAY_ADDRESS=f"http://127.0.0.1:{port}", RAY_ADDRESS="http://127.0.0.1:2")
+    # a train script of its own: the example's text-file assets would be refused by the preflight first
+    result = _launch(out, "--train-script", str(out / "never_runs.py"), dry=False, MILES_SCRIPT_ENABLE_RAY_SUBMIT="1",
+                     MILES_SCRIPT_EXTERNAL_RAY="1", MILES_SCRIPT_RAY_ADDRESS=f"http://127.0.0.1:{port}",
+                     RAY_ADDRESS="http://127.0.0.1:2")
     assert result.returncode == 2, result.stderr
     assert "Traceback" not in result.stderr + result.stdout
     assert f"127.0.0.1:{port}" in _last_line(result) and "MILES_SCRIPT_RAY_ADDRESS" in _last_line(result)

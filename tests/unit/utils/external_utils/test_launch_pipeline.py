@@ -79,7 +79,8 @@ def test_full_train_resumes_at_the_step_after_the_last_completed_one(tmp_path):
     assert "running step prepare-checkpoint" in resumed.stdout and resumed.returncode != 0
     assert sentinel_path(state, "prepare-checkpoint").exists()
 
-    rerun = _recipe("full-train", "--output-dir", out, dry=True)
+    # a train script of its own: the preflight would refuse the example's text-file checkpoint
+    rerun = _recipe("full-train", "--output-dir", out, "--train-script", str(tmp_path / "never_runs.py"), dry=True)
     assert rerun.returncode == 0, rerun.stderr
     assert "step prepare-data already done" in rerun.stdout
     assert "step prepare-checkpoint already done" in rerun.stdout

@@ -73,7 +73,7 @@ SECRET_COUNT_TRAIN = textwrap.dedent("""
     print("TINY TRAIN argv:", " ".join(sys.argv[1:]))
     names = sys.argv[sys.argv.index("--secret-names") + 1].split(",")
     print("secrets reached the job:", sum(bool(os.environ.get(n)) for n in names), flush=True)
-    sys.exit(3)  # a failed job keeps Ray's temp dir (its logs), so every file Ray wrote can be scanned
+    sys.exit(3)  # with --keep-ray-logs a failed job keeps Ray's temp dir, so every file Ray wrote can be scanned
 """)
 
 
@@ -92,7 +92,7 @@ def test_train_role_waits_for_a_worker_node_a_failed_job_exits_non_zero_and_no_s
     train_log, worker_log = tmp_path / "train.log", tmp_path / "worker.log"
     train = _start(["train", "--output-dir", str(out), "--run-id", "r1", "--num-nodes", "2",
                     "--ray-head-port", str(head_port), "--train-script", str(script),
-                    "--extra-env-vars", extra, "--secret-env", "CUSTOM_DSN",
+                    "--extra-env-vars", extra, "--secret-env", "CUSTOM_DSN", "--keep-ray-logs",
                     "--extra-args", f"--secret-names {','.join(SWEEP_SECRETS)}"],
                    train_log, **{k: SWEEP_SECRETS[k] for k in from_shell})
     procs = [train]
@@ -106,7 +106,7 @@ def test_train_role_waits_for_a_worker_node_a_failed_job_exits_non_zero_and_no_s
 
         assert train.wait(timeout=300) == 3, train_log.read_text()[-3000:]
         head_temp_dir = Path(LaunchRecord.load(out, HEAD_ROLE).ray_temp_dir)
-        assert head_temp_dir.is_dir()  # kept after a failure: Ray's logs
+        assert head_temp_dir.is_dir()  # kept (--keep-ray-logs): Ray's logs
         assert head_temp_dir == Path(json.loads((out / "r1" / "plan.json").read_text())["ray"]["temp_dir"])
         log = train_log.read_text()
         submitted_at = log.index("EXEC: ray job submit")
@@ -163,7 +163,9 @@ def test_sigterm_during_the_job_stops_it_and_ends_the_cluster(tmp_path):
         train.send_signal(signal.SIGTERM)
         assert train.wait(timeout=90) == 130, log_path.read_text()[-3000:]
         assert "stopping Ray job" in log_path.read_text()
-        assert pids_with_token(LaunchRecord.load(out, HEAD_ROLE).token) == []
+        record = LaunchRecord.load(out, HEAD_ROLE)
+        assert pids_with_token(record.token) == []
+        assert not Path(record.ray_temp_dir).exists()  # removed on an interrupted run too (no --keep-ray-logs)
     finally:
         _end_everything([train], [(out, HEAD_ROLE)])
 

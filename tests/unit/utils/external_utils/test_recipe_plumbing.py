@@ -81,6 +81,9 @@ def _cached_checkpoint(root, family, size, vae_class, marker):
     path.mkdir(parents=True)
     index = {"vae": ["diffusers", vae_class]} | ({"_miles_vae_fit": marker} if marker is not None else {})
     (path / "model_index.json").write_text(json.dumps(index))
+    (path / "vae").mkdir()  # complete: the component model_index.json names, with its config and weights
+    (path / "vae" / "config.json").write_text("{}")
+    (path / "vae" / "diffusion_pytorch_model.safetensors").write_bytes(b"")
     return path
 
 
