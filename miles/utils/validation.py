@@ -94,6 +94,9 @@ def _algorithm_flags(ns: Namespace, family: FamilyFacts) -> None:
         raise ConfigError(f"--ema-rollout-policy ema with --train-backend {ns.train_backend}: the old policy is kept "
                           f"and checkpointed by the dp backend only; fix: --train-backend dp or "
                           f"--ema-rollout-policy live")
+    if ns.ema_rollout_policy == "ema" and getattr(ns, "offload_train", False):
+        raise ConfigError("--ema-rollout-policy ema with --offload-train: the old policy is not offloaded with the "
+                          "rest of the train state; fix: drop --offload-train or use --ema-rollout-policy live")
     if ns.ema_rollout_policy != "ema":
         changed = [f"--{k.replace('_', '-')}" for k, v in EMA_DECAY_SCHEDULE_FLAGS.items() if getattr(ns, k) != v]
         if changed:
