@@ -332,6 +332,8 @@ def _lora(parser) -> None:
     _switch(g, "--use-lora", "train LoRA adapters instead of the full weights")
     g.add_argument("--lora-rank", type=positive_int, default=None, help="LoRA rank; unset: 32")
     g.add_argument("--lora-alpha", type=positive_int, default=None, help="LoRA alpha; unset: the rank")
+    g.add_argument("--lora-init-weights", choices=("gaussian", "kaiming-uniform"), default="gaussian",
+                   help="lora_A's init (lora_B starts at zero either way); gaussian is flow_grpo's")
     g.add_argument("--lora-target-modules", nargs="+", default=None,
                    help="module names to adapt; unset: the family's")
 

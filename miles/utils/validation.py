@@ -222,7 +222,9 @@ def _checkpointing(ns: Namespace, family: FamilyFacts) -> None:
 
 def _lora_flags(ns: Namespace, family: FamilyFacts) -> None:
     given = [flag for flag, value in (("--lora-rank", ns.lora_rank), ("--lora-alpha", ns.lora_alpha),
-                                      ("--lora-target-modules", ns.lora_target_modules)) if value is not None]
+                                      ("--lora-target-modules", ns.lora_target_modules),
+                                      ("--lora-init-weights", None if ns.lora_init_weights == "gaussian" else 1))
+             if value is not None]
     if given and not ns.use_lora:
         raise ConfigError(f"{', '.join(given)} given without --use-lora; fix: add --use-lora or drop them")
 

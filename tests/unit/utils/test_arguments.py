@@ -45,7 +45,7 @@ DOCUMENTED_DEFAULTS = {
     "lr": 1e-4, "min_lr": 0.0, "lr_decay_style": "constant", "lr_warmup_steps": 0,
     "adam_beta1": 0.9, "adam_beta2": 0.999, "adam_eps": 1e-8, "weight_decay": 0.0,
     "clip_grad": 1.0, "seed": 1234,
-    "use_lora": False, "lora_rank": None, "lora_alpha": None, "lora_target_modules": None,
+    "use_lora": False, "lora_rank": None, "lora_alpha": None, "lora_init_weights": "gaussian", "lora_target_modules": None,
     "rm_type": None, "custom_rm_path": None, "reward_key": None, "rm_num_workers": 1,
     "rm_num_gpus_per_worker": 0.0, "colocate_reward": False, "pickscore_model_path": None,
     "reward_timeout": 300,
