@@ -7,7 +7,11 @@ What it trains:
     bad ones, on noised versions of the generated images. NFT needs no sampler log-probs, so
     rollouts use the deterministic ODE sampler and the trained timesteps are drawn at random
     (`epoch_global_random_choice`). An EMA of the weights is kept and checkpointed
-    (`--use-ema`). The reward is PickScore, a CLIP-style human-preference model.
+    (`--use-ema`). The reward is PickScore, a CLIP-style human-preference model. Rollouts are
+    sampled from DiffusionNFT's old policy (`--ema-rollout-policy ema`), a ramped EMA of the
+    trained weights. Deliberate differences from train_nft_sd3.py: a full finetune (the reference
+    trains LoRA, and its KL to the LoRA base therefore does not apply: --diffusion-kl-beta is 0),
+    and the trained steps are shared by a rollout's samples (the reference shuffles per sample).
 
 Prerequisites:
     --scale full: `<model-dir>/stable-diffusion-3.5-medium` (diffusers layout) and
@@ -86,10 +90,14 @@ def execute(args: ScriptArgs, assets: U.Assets) -> None:
         f"--diffusion-num-steps {scale.num_steps} --diffusion-num-sde-steps 2 "
         "--diffusion-step-strategy-path epoch_global_random_choice "
         "--diffusion-sde-type ode --diffusion-guidance-scale 4.5 "
+        "--diffusion-max-sequence-length 128 "  # DiffusionNFT's T5 length (train_nft_sd3.py)
     )
 
+    # DiffusionNFT's sd3 defaults: beta 1, adv clip 5, rollouts from an old policy that follows the
+    # trained weights by a ramped EMA (decay_type 1: min(0.001 x step, 0.5))
     grpo_args = (
-        "--loss-type nft --nft-beta 1.0 --advantage-estimator grpo --diffusion-adv-clip-max 5.0 "
+        "--loss-type nft --diffusion-nft-beta 1.0 --advantage-estimator grpo --diffusion-adv-clip-max 5.0 "
+        "--ema-rollout-policy ema --ema-decay-ramp 0.001 --ema-decay-max 0.5 "
         f"--use-ema --ema-decay {args.ema_decay} "
         "--num-steps-per-rollout 2 "
     )

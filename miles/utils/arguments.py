@@ -92,6 +92,14 @@ def unit_interval(value: Any) -> float:
     return number
 
 
+def fraction(value: Any) -> float:
+    """A value in (0, 1]: a fraction of the denoising steps."""
+    number = _number(value, float)
+    if not 0.0 < number <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {value!r}")
+    return number
+
+
 # ---- the parser ----
 
 class SuggestingArgumentParser(argparse.ArgumentParser):
@@ -228,7 +236,7 @@ def _sampling(parser) -> None:
     g.add_argument("--diffusion-num-sde-steps", type=positive_int, default=None,
                    help="steps per sample that are SDE steps and get trained; unset: "
                         "int(--diffusion-num-steps x --diffusion-timestep-fraction)")
-    g.add_argument("--diffusion-timestep-fraction", "--diffusion-nft-timestep-fraction", type=unit_interval,
+    g.add_argument("--diffusion-timestep-fraction", "--diffusion-nft-timestep-fraction", type=fraction,
                    default=0.99, help="unset --diffusion-num-sde-steps trains the first int(steps x this) steps "
                    "(flow_grpo's and DiffusionNFT's timestep_fraction); 1.0 also trains the terminal step")
     g.add_argument("--diffusion-step-strategy-path", default="sde_window",
