@@ -288,7 +288,9 @@ class TrainRank:
 
     def _kept(self, batch: RolloutBatch, pairs: list[Pair]) -> torch.Tensor:
         advantages = torch.tensor([batch.advantages[p.sample] for p in pairs])
-        return trained_pairs_mask(advantages, self.args.keep_zero_advantage_samples)
+        # a custom loss sees every pair (and `inputs.keep`), and averages as it chooses
+        keep_all = self.args.keep_zero_advantage_samples or self.custom_loss is not None
+        return trained_pairs_mask(advantages, keep_all)
 
     def _train_velocity(self, x, sigma, cond, guidance, expert) -> torch.Tensor:
         """The velocity that carries gradient (the unconditional CFG branch detached unless asked)."""
