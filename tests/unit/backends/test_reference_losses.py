@@ -149,3 +149,17 @@ def test_nft_loss_equals_diffusion_nft(beta, kl_beta):
     value, scale = reference_nft(f64(v), f64(v_old), f64(v_ref), f64(x_t), f64(x0), f64(t), f64(adv), beta, 5.0,
                                  kl_beta)
     assert excess(loss, value, scale) <= REL, f"nft: {excess(loss, value, scale):.3g} S"
+
+
+def reference_return_decay(step, flat, uprate, uphold):
+    """train_nft_sd3.py's return_decay for one decay_type's (flat, uprate, uphold)."""
+    return 0.0 if step < flat else min((step - flat) * uprate, uphold)
+
+
+@pytest.mark.parametrize("flat, uprate, uphold", [(0, 0.0, 0.0), (0, 0.001, 0.5), (75, 0.0075, 0.999)])
+def test_old_policy_decay_equals_diffusion_nft_return_decay(flat, uprate, uphold):
+    from miles.backends.ema import old_policy_decay
+
+    for step in (0, 1, 2, 74, 75, 76, 200, 499, 500, 501, 10_000):
+        ours = old_policy_decay(step, init=0.0, ramp=uprate, maximum=uphold, flat_steps=flat)
+        assert ours == reference_return_decay(step, flat, uprate, uphold), step
