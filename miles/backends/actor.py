@@ -472,8 +472,14 @@ class TrainRank:
 
     def synced_tensors(self) -> list[tuple[str, str, torch.Tensor]]:
         """What a weight update reads: the compute copy's trained tensors (LoRA: the adapters)."""
+        lora_only = self.lora is not None
+        if self.old_policy is None:
+            return synced_tensors(self.fmodel.transformers, self.components, lora_only=lora_only)
+        # --ema-rollout-policy ema: the old policy's values, copied while it is swapped in (the live
+        # tensors get the trained weights back when the swap ends, before a caller reads them)
         with self._rollout_policy_weights():
-            return synced_tensors(self.fmodel.transformers, self.components, lora_only=self.lora is not None)
+            return [(c, n, t.detach().clone()) for c, n, t in
+                    synced_tensors(self.fmodel.transformers, self.components, lora_only=lora_only)]
 
     def weight_updates(self) -> list[WeightUpdate]:
         """The trained components as the engines hold them: from the compute copy when there is one

@@ -37,6 +37,8 @@ def test_nft_with_kl_beta_and_ema_computes_the_kl_and_samples_from_the_ramped_ol
             decay = old_policy_decay(rank.optimizer_step, init=0.0, ramp=0.001, maximum=0.5, flat_steps=0)
             assert decay == pytest.approx(0.002)  # two optimizer steps
             pushed = {f"{u.component}.{n}": t for u in rank.weight_updates() for n, t in u.state_dict.items()}
+            bucketed = {f"{c}.{n}": t for c, n, t in rank.synced_tensors()}  # what --weight-sync bucketed sends
+            assert all(torch.equal(bucketed[n], t) for n, t in pushed.items())
             for name, weights in trained.items():
                 expected = start[name].lerp(weights, 1.0 - decay)
                 assert torch.equal(pushed[name], expected), name
