@@ -1,4 +1,4 @@
-"""Flow-GRPO with PickScore on Qwen-Image (LoRA), with the batch shape of the Flow-GRPO paper.
+"""Flow-GRPO with PickScore on Qwen-Image (LoRA), with flow_grpo's `pickscore_qwenimage` config.
 
 What it trains:
     A LoRA on the Qwen-Image transformer with Flow-GRPO, scored by PickScore (a CLIP-style
@@ -11,9 +11,24 @@ What it trains:
         256 / 2 steps per rollout     = 128 pairs per optimizer step per rank
         tile 8 samples x 1 timestep   = 8 pairs per forward -> 16 forwards per step
 
-    The PPO clip range and the SDE noise level are locked to the paper's values: the launcher
+    --scale full sets the values of flow_grpo's `pickscore_qwenimage` (config/grpo.py over
+    config/base.py, trained by scripts/train_qwenimage.py): noise level 1.2, an SDE window of 2
+    steps starting in steps 0..3 of 10, a batch-wide reward std, lr 3e-4, LoRA rank 64 / alpha 128
+    with gaussian init on the attention and MLP projections, no KL, CFG 4 with gradient through
+    both branches (train_qwenimage.py does not detach the unconditional one). docs/algorithms.md's
+    table lists each value beside its reference key; a unit test checks this recipe against it.
+
+    The PPO clip range and the SDE noise level are locked to the reference's values: the launcher
     refuses an --extra-args that changes them, since the run would no longer be "aligned".
     Edit LOCKED_FLAGS below to change them on purpose.
+
+Deliberate differences from the reference:
+    - the proxy scales shrink the batch, resolution and steps to fit their devices (the
+      algorithm's flags are the same); only --scale full is the reference's configuration;
+    - the window start is drawn once per rollout for all samples (flow_grpo: per sampling batch),
+      so every train rank holds the same steps;
+    - rollout and train forwards share one dtype (bf16 at full scale, as flow_grpo's mixed
+      precision) so the parity probe stays exactly 0.0.
 
 Prerequisites:
     --scale full: `<model-dir>/Qwen-Image` (diffusers layout) and `<model-dir>/PickScore_v1`
@@ -49,7 +64,11 @@ RELEASED_CHECKPOINT = "Qwen-Image"  # under --model-dir (--scale full), beside P
 # the H100 80GB GPUs this recipe is laid out for; the memory plan checks its estimate against them
 GPU_MEMORY_GB = 80
 # What makes the recipe "aligned": the launcher refuses --extra-args that change these.
-LOCKED_FLAGS = {"--diffusion-clip-range": "1e-4", "--diffusion-noise-level": "0.7"}
+LOCKED_FLAGS = {"--diffusion-clip-range": "1e-4", "--diffusion-noise-level": "1.2"}
+# scripts/train_qwenimage.py's LoRA targets: the attention projections of both streams and their MLPs
+LORA_TARGETS = ("attn.to_k", "attn.to_q", "attn.to_v", "attn.to_out.0", "attn.add_k_proj", "attn.add_q_proj",
+                "attn.add_v_proj", "attn.to_add_out", "img_mlp.net.0.proj", "img_mlp.net.2", "txt_mlp.net.0.proj",
+                "txt_mlp.net.2")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -103,14 +122,16 @@ def execute(args: ScriptArgs, assets: U.Assets) -> None:
         f"--diffusion-num-steps {scale.num_steps} --diffusion-num-sde-steps 2 "
         f"--diffusion-step-strategy-path sde_window --diffusion-sde-window-max-start {scale.sde_window_max_start} "
         f"--diffusion-sde-type sde --diffusion-noise-level {LOCKED_FLAGS['--diffusion-noise-level']} "
-        "--diffusion-guidance-scale 4.0 "
+        "--diffusion-guidance-scale 4.0 --train-uncond-branch "
     )
 
-    grpo_args = U.flow_grpo_args(clip_range=LOCKED_FLAGS["--diffusion-clip-range"])
+    grpo_args = U.flow_grpo_args(clip_range=LOCKED_FLAGS["--diffusion-clip-range"]) + (
+        "--globalize-reward-std --diffusion-kl-beta 0 ")
 
-    optimizer_args = U.optimizer_args(lr="1e-4")
+    optimizer_args = U.optimizer_args(lr="3e-4") + "--adam-eps 1e-8 "
 
-    lora_args = "--use-lora --lora-rank 64 --lora-alpha 128 "
+    lora_args = ("--use-lora --lora-rank 64 --lora-alpha 128 --lora-init-weights gaussian "
+                 f"--lora-target-modules {' '.join(LORA_TARGETS)} ")
 
     perf_args = U.tile_args(scale.tile_samples) + U.gradient_checkpointing_args(scale.device)
 

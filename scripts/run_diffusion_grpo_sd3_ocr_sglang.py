@@ -108,6 +108,7 @@ def execute(args: ScriptArgs, assets: U.Assets) -> None:
         f"--diffusion-num-steps {scale.num_steps} --diffusion-num-sde-steps 2 "
         f"--diffusion-step-strategy-path sde_window --diffusion-sde-window-max-start {scale.sde_window_max_start} "
         f"--diffusion-sde-type sde --diffusion-noise-level 0.7 --diffusion-guidance-scale {recipe.guidance_scale} "
+        "--diffusion-max-sequence-length 128 "  # flow_grpo's T5 length (train_sd3.py)
     )
 
     grpo_args = (

@@ -1,4 +1,4 @@
-"""DiffusionNFT with a PickScore reward on Stable Diffusion 3.5 Medium (full finetune, EMA).
+"""DiffusionNFT with a PickScore reward on Stable Diffusion 3.5 Medium (full finetune, old policy).
 
 What it trains:
     The whole SD3.5-Medium transformer with the DiffusionNFT objective (`--loss-type nft`).
@@ -6,8 +6,13 @@ What it trains:
     implicit positive policy toward the good samples and pushes a negative one away from the
     bad ones, on noised versions of the generated images. NFT needs no sampler log-probs, so
     rollouts use the deterministic ODE sampler and the trained timesteps are drawn at random
-    (`epoch_global_random_choice`). An EMA of the weights is kept and checkpointed
-    (`--use-ema`). The reward is PickScore, a CLIP-style human-preference model.
+    (`epoch_global_random_choice`). Rollouts are sampled from DiffusionNFT's old policy
+    (`--ema-rollout-policy ema`), a ramped EMA of the trained weights, kept and checkpointed.
+    The reward is PickScore, a CLIP-style human-preference model.
+    Deliberate differences from train_nft_sd3.py: a full finetune (the reference trains LoRA, and
+    its KL to the LoRA base therefore does not apply: --diffusion-kl-beta is 0); no second,
+    evaluation-only EMA (the reference's decay-0.9 copy; it would not fit beside the old policy in
+    80 GB); the trained steps are shared by a rollout's samples (the reference shuffles per sample).
 
 Prerequisites:
     --scale full: `<model-dir>/stable-diffusion-3.5-medium` (diffusers layout) and
@@ -24,14 +29,14 @@ Scales (--scale):
 
 Example:
     python3 scripts/run_diffusion_nft_sd3_pickscore.py
-    python3 scripts/run_diffusion_nft_sd3_pickscore.py --num-rollout 100 --ema-decay 0.99
+    python3 scripts/run_diffusion_nft_sd3_pickscore.py --num-rollout 100 --extra-args "--ema-decay-max 0.9"
     python3 scripts/run_diffusion_nft_sd3_pickscore.py --scale cpu-proxy
     MILES_SCRIPT_ENABLE_RAY_SUBMIT=0 python3 scripts/run_diffusion_nft_sd3_pickscore.py --output-dir /tmp/dry
 Resume a killed run: the same --run-id plus --extra-args "--load <output-dir>/<run-id>/checkpoints".
 Use what it trained: python3 -m miles.export <output-dir>/<run-id> --out DIR (docs/using-what-you-trained.md).
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal, Optional
 
 import miles.utils.external_utils.command_utils as U
@@ -71,7 +76,6 @@ class ScriptArgs(U.ScaledRecipeArgs):
         "full: SD3.5-Medium and PickScore on 3 GPUs; gpu-proxy: our proxy-size sd3 and a tiny "
         "CLIP on the same GPUs; cpu-proxy: our tiny sd3 on CPU slots.")
     num_rollout: Optional[int] = U.num_rollout_option(_SCALES)
-    ema_decay: float = field(default=0.995, metadata={"help": "Decay of the EMA of the trained weights (--ema-decay)."})
 
 
 def prepare(args: ScriptArgs) -> U.Assets:
@@ -87,11 +91,15 @@ def execute(args: ScriptArgs, assets: U.Assets) -> None:
         f"--diffusion-num-steps {scale.num_steps} --diffusion-num-sde-steps 2 "
         "--diffusion-step-strategy-path epoch_global_random_choice "
         "--diffusion-sde-type ode --diffusion-guidance-scale 4.5 "
+        "--diffusion-max-sequence-length 128 "  # DiffusionNFT's T5 length (train_nft_sd3.py)
     )
 
+    # DiffusionNFT's sd3 defaults: beta 1, adv clip 5, rollouts from an old policy that follows the
+    # trained weights by a ramped EMA (decay_type 1: min(0.001 x step, 0.5))
     grpo_args = (
-        "--loss-type nft --nft-beta 1.0 --advantage-estimator grpo --diffusion-adv-clip-max 5.0 "
-        f"--use-ema --ema-decay {args.ema_decay} "
+        "--loss-type nft --diffusion-nft-beta 1.0 --advantage-estimator grpo --diffusion-adv-clip-max 5.0 "
+        "--ema-rollout-policy ema --ema-decay-ramp 0.001 --ema-decay-max 0.5 "
+
         "--num-steps-per-rollout 2 "
     )
 

@@ -23,6 +23,7 @@ outside its calls (miles.backends.train_offload).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import resource
@@ -37,14 +38,14 @@ import torch
 from miles.backends import checkpoint as ckpt
 from miles.backends.collectives import Collectives
 from miles.backends import fsdp
-from miles.backends.ema import EMA
+from miles.backends.ema import EMA, old_policy_decay
 from miles.backends.loss import (
+    NFTInputs,
     PolicyLossInputs,
-    flow_matching_target,
     load_custom_loss,
     nft_loss,
-    nft_optimality,
     policy_loss,
+    trained_pairs_mask,
 )
 from miles.backends.lora import LoraSpec, adapters_disabled, attach_lora, lora_spec_from_args
 from miles.backends.optimizer import build_optimizer, clip_gradients, learning_rate, set_learning_rate
@@ -206,23 +207,28 @@ class TrainRank:
         shard = shard_pairs(expand_pairs(self.plan.samples_per_rollout, batch.trained_steps),
                             self.plan.dp_size, self.rank, self.plan.dp_split_mode)
         probe = _ParityProbe() if args.diffusion_debug_mode else None
-        if probe is not None:
-            # pairs after the first optimizer step would see new weights: check them now
-            for micro in (mb for window in schedule[1:] for mb in window):
-                with torch.no_grad():
-                    self._forward(batch, micro, probe)
-        v_old = self._old_velocities(batch, shard) if args.loss_type == "nft" else None
+        nft = args.loss_type == "nft"
+        with self._rollout_policy_weights():  # the weights the engines sampled this rollout with
+            if probe is not None:
+                # pairs after the first optimizer step would see new weights: check them now (nft: all
+                # of them, its training forwards run on renoised samples)
+                for micro in (mb for window in schedule[0 if nft else 1:] for mb in window):
+                    with torch.no_grad():
+                        self._forward(batch, micro, probe)
+            v_old = self._old_velocities(batch, shard) if nft else None
 
         totals: dict[str, float] = {}
         for window_index, window in enumerate(schedule):
-            window_pairs = sum(len(mb) for mb in window)
+            window_weight = sum(self._loss_weight(batch, mb) for mb in window)
             for micro in window:
-                loss, metrics = self._micro_batch_loss(batch, micro, probe if window_index == 0 else None, v_old)
-                share = len(micro) / window_pairs
+                loss, metrics = self._micro_batch_loss(batch, micro, None if nft or window_index else probe, v_old)
+                # each micro-batch's mean weighted by its share of the window's loss-carrying pairs
+                share = self._loss_weight(batch, micro) / window_weight if window_weight else 0.0
                 (loss * share).backward()
                 for key, value in {"loss": loss.detach(), **metrics}.items():
                     totals[key] = totals.get(key, 0.0) + float(value) * share / len(schedule)
             totals["grad_norm"] = totals.get("grad_norm", 0.0) + self._optimizer_step() / len(schedule)
+        self._update_old_policy()
 
         elapsed = time.perf_counter() - start
         metrics = self._reduce({f"train/{k}": v for k, v in totals.items()}, probe)
@@ -241,7 +247,7 @@ class TrainRank:
         return trajs, experts.pop(), guidance.pop()
 
     def _forward(self, batch: RolloutBatch, pairs: list[Pair], probe: "_ParityProbe | None",
-                 before_forward=None):
+                 before_forward=None, train: bool = False):
         """The model output and SDE step of stored pairs under the current weights.
 
         `before_forward(ctx)` runs before the graph is built (the EMA reference swaps weights in place,
@@ -259,7 +265,8 @@ class TrainRank:
                            trajs[0].sde_type, largest_sigma_below_one(trajs[0].sigmas.tolist()))
         if before_forward is not None:
             before_forward(ctx)
-        step = self._step(ctx, self.fmodel.velocity(x, sigma, cond, guidance, expert))
+        velocity = self._train_velocity if train else self.fmodel.velocity
+        step = self._step(ctx, velocity(x, sigma, cond, guidance, expert))
         if probe is not None and trajs[0].model_outputs is not None:
             stored = torch.stack([t.model_outputs[p.step] for t, p in zip(trajs, pairs)])
             probe.add(step.v.detach().cpu(), stored, step.log_prob.detach().cpu(), old_log_prob.cpu())
@@ -273,29 +280,55 @@ class TrainRank:
         step.v = v
         return step
 
+    def _loss_weight(self, batch: RolloutBatch, pairs: list[Pair]) -> int:
+        """Pairs of a micro-batch that the loss averages over (policy_loss drops zero advantages)."""
+        if self.args.loss_type != "policy_loss":
+            return len(pairs)
+        return int(self._kept(batch, pairs).sum())
+
+    def _kept(self, batch: RolloutBatch, pairs: list[Pair]) -> torch.Tensor:
+        advantages = torch.tensor([batch.advantages[p.sample] for p in pairs])
+        # a custom loss sees every pair (and `inputs.keep`), and averages as it chooses
+        keep_all = self.args.keep_zero_advantage_samples or self.custom_loss is not None
+        return trained_pairs_mask(advantages, keep_all)
+
+    def _train_velocity(self, x, sigma, cond, guidance, expert) -> torch.Tensor:
+        """The velocity that carries gradient (the unconditional CFG branch detached unless asked)."""
+        return self.fmodel.velocity(x, sigma, cond, guidance, expert, detach_uncond=not self.args.train_uncond_branch)
+
     def _micro_batch_loss(self, batch, pairs, probe, v_old):
         args = self.args
         advantages = torch.tensor([batch.advantages[p.sample] for p in pairs])
         if args.loss_type == "nft":
-            if probe is not None:
-                with torch.no_grad():
-                    self._forward(batch, pairs, probe)
-            x_t, target, sigma, cond, guidance, expert = self._renoised(batch, pairs)
-            v_new = self.fmodel.velocity(x_t, sigma, cond, guidance, expert)
-            old = torch.stack([v_old[p] for p in pairs])
-            optimality = nft_optimality(advantages, args.diffusion_adv_clip_max).to(self.device)
-            return nft_loss(v_new, old, target, optimality, args.nft_beta)
+            return self._nft_loss(batch, pairs, advantages, v_old)
         reference = {}
         before = (lambda ctx: reference.update(mean=self._reference_mean(ctx))) if args.diffusion_kl_beta > 0 else None
-        step, old_log_prob, ctx = self._forward(batch, pairs, probe, before)
+        step, old_log_prob, ctx = self._forward(batch, pairs, probe, before, train=True)
         ref_mean = reference.get("mean")
-        inputs = PolicyLossInputs(step.log_prob, old_log_prob, advantages.to(self.device), step.mean, step.std, ref_mean)
+        inputs = PolicyLossInputs(step.log_prob, old_log_prob, advantages.to(self.device), step.mean, step.std, ref_mean,
+                                  std_dev_t=step.std_dev_t, keep=self._kept(batch, pairs).to(self.device))
         if self.custom_loss is not None:
             return self.custom_loss(args, inputs)
         return policy_loss(inputs, clip_range=args.diffusion_clip_range, kl_beta=args.diffusion_kl_beta)
 
+    def _nft_loss(self, batch, pairs, advantages, v_old):
+        args = self.args
+        x_t, x0, sigma, cond, guidance, expert = self._renoised(batch, pairs)
+        # the reference forward first: the EMA reference swaps weights in place, which must not touch
+        # tensors the training forward's graph has saved
+        v_ref = self._reference_velocity(x_t, sigma, cond, guidance, expert) if args.diffusion_kl_beta > 0 else None
+        v_new = self._train_velocity(x_t, sigma, cond, guidance, expert)
+        inputs = NFTInputs(v_new, torch.stack([v_old[p] for p in pairs]), x_t, x0, sigma, advantages.to(self.device),
+                           v_ref)
+        return nft_loss(inputs, beta=args.nft_beta, adv_clip_max=args.diffusion_adv_clip_max,
+                        adaptive_weight=args.diffusion_nft_adaptive_weight, kl_beta=args.diffusion_kl_beta)
+
     @torch.no_grad()
     def _reference_mean(self, ctx: "_StepContext") -> torch.Tensor:
+        return self._step(ctx, self._reference_velocity(ctx.x, ctx.sigma, ctx.cond, ctx.guidance, ctx.expert)).mean
+
+    @torch.no_grad()
+    def _reference_velocity(self, x, sigma, cond, guidance, expert) -> torch.Tensor:
         reference = self.args.diffusion_kl_reference
         if reference == "auto":
             reference = "lora_base" if self.lora is not None else "ema"
@@ -303,15 +336,14 @@ class TrainRank:
             if self.lora is None:
                 raise ValueError("--diffusion-kl-reference lora_base needs --use-lora")
             with adapters_disabled([self.fmodel.transformers[c] for c in self.components]):
-                v_ref = self.fmodel.velocity(ctx.x, ctx.sigma, ctx.cond, ctx.guidance, ctx.expert)
-        else:
-            if self.ema is None:
-                raise ValueError("a KL against the EMA needs --use-ema")
-            with self.ema.swapped_in(self.params):
-                self._sync_compute()
-                v_ref = self.fmodel.velocity(ctx.x, ctx.sigma, ctx.cond, ctx.guidance, ctx.expert)
+                return self.fmodel.velocity(x, sigma, cond, guidance, expert)
+        if self.ema is None:
+            raise ValueError("a KL against the EMA needs --use-ema")
+        with self.ema.swapped_in(self.params):
             self._sync_compute()
-        return self._step(ctx, v_ref).mean
+            v_ref = self.fmodel.velocity(x, sigma, cond, guidance, expert)
+        self._sync_compute()
+        return v_ref
 
     def _renoised(self, batch: RolloutBatch, pairs: list[Pair]):
         """DiffusionNFT's forward-process sample x_t = (1 - s) x0 + s e at each pair's sigma.
@@ -328,16 +360,42 @@ class TrainRank:
         sigma = torch.stack([t.sigmas[p.step] for t, p in zip(trajs, pairs)]).to(self.device)
         s = sigma.reshape(-1, *([1] * (x0.ndim - 1)))
         x_t = (1 - s) * x0 + s * noise
-        return x_t, flow_matching_target(x0, noise), sigma, Conditioning.cat([t.cond for t in trajs]), guidance, expert
+        return x_t, x0, sigma, Conditioning.cat([t.cond for t in trajs]), guidance, expert
 
     @torch.no_grad()
     def _old_velocities(self, batch: RolloutBatch, shard: list[Pair]) -> dict[Pair, torch.Tensor]:
-        """The sampling policy's velocities (the weights before this rollout's first step)."""
+        """The sampling policy's velocities (called under `_rollout_policy_weights`)."""
         out = {}
         for p in shard:
             x_t, _, sigma, cond, guidance, expert = self._renoised(batch, [p])
             out[p] = self.fmodel.velocity(x_t, sigma, cond, guidance, expert)[0]
         return out
+
+    # -- DiffusionNFT's old policy (--ema-rollout-policy ema) ---------------------------------
+
+    @property
+    def old_policy(self) -> EMA | None:
+        """The weights the engines sample with, a ramped EMA of the trained ones; made from the
+        weights the first rollout was sampled with (the start-up weights or a loaded checkpoint's)."""
+        if getattr(self.args, "ema_rollout_policy", "live") != "ema":
+            return None
+        if getattr(self, "_old_policy", None) is None:
+            self._old_policy = EMA(self.params, 0.0)
+        return self._old_policy
+
+    def _rollout_policy_weights(self):
+        """Context: the old policy's weights in the live parameters (and the compute copy), if kept."""
+        old = self.old_policy
+        return _swapped(old, self.params, self._sync_compute) if old is not None else contextlib.nullcontext()
+
+    def _update_old_policy(self) -> None:
+        """After a rollout's steps: old <- decay * old + (1 - decay) * trained, as DiffusionNFT after an epoch."""
+        old = self.old_policy
+        if old is None:
+            return
+        args = self.args
+        old.update(self.params, old_policy_decay(self.optimizer_step, init=args.ema_decay_init, ramp=args.ema_decay_ramp,
+                                                 maximum=args.ema_decay_max, flat_steps=args.ema_decay_flat_steps))
 
     def _optimizer_step(self) -> float:
         params = list(self.params.values())
@@ -414,7 +472,14 @@ class TrainRank:
 
     def synced_tensors(self) -> list[tuple[str, str, torch.Tensor]]:
         """What a weight update reads: the compute copy's trained tensors (LoRA: the adapters)."""
-        return synced_tensors(self.fmodel.transformers, self.components, lora_only=self.lora is not None)
+        lora_only = self.lora is not None
+        if self.old_policy is None:
+            return synced_tensors(self.fmodel.transformers, self.components, lora_only=lora_only)
+        # --ema-rollout-policy ema: the old policy's values, copied while it is swapped in (the live
+        # tensors get the trained weights back when the swap ends, before a caller reads them)
+        with self._rollout_policy_weights():
+            return [(c, n, t.detach().clone()) for c, n, t in
+                    synced_tensors(self.fmodel.transformers, self.components, lora_only=lora_only)]
 
     def weight_updates(self) -> list[WeightUpdate]:
         """The trained components as the engines hold them: from the compute copy when there is one
@@ -423,7 +488,8 @@ class TrainRank:
         lora_only = self.lora is not None
         with resident(self.offload, optimizer=False, synced_only=True):
             if not self.sharded:
-                return collect_weight_updates(self.fmodel.transformers, self.components, lora_only=lora_only)
+                with self._rollout_policy_weights():  # --ema-rollout-policy ema: the engines sample the old policy
+                    return collect_weight_updates(self.fmodel.transformers, self.components, lora_only=lora_only)
             dtype = torch_dtype(self.args.compute_dtype)
             return collect_weight_updates(self.model.transformers, self.components, lora_only,
                                           to_host=lambda t: fsdp.full_tensor(t).to("cpu", dtype=dtype, copy=True))
@@ -449,9 +515,10 @@ class TrainRank:
         for component in self.components:
             own = {n.split(".", 1)[1]: p for n, p in self.params.items() if n.startswith(component + ".")}
             ckpt.save_tensors(staging / f"model_{component}.safetensors", own)
-            if self.ema is not None:
-                shadow = {n.split(".", 1)[1]: t for n, t in self.ema.shadow.items() if n.startswith(component + ".")}
-                ckpt.save_tensors(staging / f"ema_{component}.safetensors", shadow)
+            for prefix, kept in (("ema", self.ema), ("old_policy", self.old_policy)):
+                if kept is not None:
+                    shadow = {n.split(".", 1)[1]: t for n, t in kept.shadow.items() if n.startswith(component + ".")}
+                    ckpt.save_tensors(staging / f"{prefix}_{component}.safetensors", shadow)
         torch.save({"optimizer": self.optimizer.state_dict(), "optimizer_step": self.optimizer_step},
                    staging / "optimizer.pt")
         (staging / "rank0.json").write_text(json.dumps({"backend": "dp", "world_size": self.world_size,
@@ -475,9 +542,10 @@ class TrainRank:
             stored = ckpt.load_tensors(path / f"model_{component}.safetensors")
             for name, tensor in stored.items():
                 self.params[f"{component}.{name}"].copy_(tensor)
-            if self.ema is not None and (path / f"ema_{component}.safetensors").exists():
-                shadow = ckpt.load_tensors(path / f"ema_{component}.safetensors")
-                self.ema.load_state_dict({**self.ema.shadow, **{f"{component}.{n}": t for n, t in shadow.items()}})
+            for prefix, kept in (("ema", self.ema), ("old_policy", self.old_policy)):
+                if kept is not None and (path / f"{prefix}_{component}.safetensors").exists():
+                    shadow = ckpt.load_tensors(path / f"{prefix}_{component}.safetensors")
+                    kept.load_state_dict({**kept.shadow, **{f"{component}.{n}": t for n, t in shadow.items()}})
         self._sync_compute()
         state = torch.load(path / "optimizer.pt", weights_only=False)
         self.optimizer.load_state_dict(state["optimizer"])
@@ -510,6 +578,17 @@ class _StepContext:
     noise_level: float
     sde_type: str
     sigma_max: float
+
+
+@contextlib.contextmanager
+def _swapped(ema: EMA, params: dict[str, torch.nn.Parameter], sync_compute):
+    """The EMA's weights in `params` and (through `sync_compute`) the compute copy, restored after."""
+    try:
+        with ema.swapped_in(params):
+            sync_compute()
+            yield
+    finally:
+        sync_compute()
 
 
 class _ParityProbe:

@@ -23,13 +23,16 @@ class LoraSpec:
     rank: int
     alpha: int
     target_modules: tuple[str, ...]
+    init_weights: str = "gaussian"  # --lora-init-weights
 
     def peft_config(self):
         from peft import LoraConfig
 
-        # PEFT's default init leaves lora_B at zero: the adapted model starts equal to the base
+        # either init leaves lora_B at zero: the adapted model starts equal to the base; lora_A is drawn
+        # from N(0, 1/rank) ("gaussian", flow_grpo's) or PEFT's default kaiming-uniform
+        init = "gaussian" if self.init_weights == "gaussian" else True
         return LoraConfig(r=self.rank, lora_alpha=self.alpha, target_modules=list(self.target_modules),
-                          init_lora_weights=True)
+                          init_lora_weights=init)
 
 
 def lora_spec_from_args(args, family_facts) -> LoraSpec | None:
@@ -37,7 +40,8 @@ def lora_spec_from_args(args, family_facts) -> LoraSpec | None:
         return None
     rank = args.lora_rank or 32
     return LoraSpec(rank=rank, alpha=args.lora_alpha or rank,
-                    target_modules=tuple(args.lora_target_modules or family_facts.lora_target_modules))
+                    target_modules=tuple(args.lora_target_modules or family_facts.lora_target_modules),
+                    init_weights=getattr(args, "lora_init_weights", "gaussian"))
 
 
 def attach_lora(module: torch.nn.Module, spec: LoraSpec) -> None:

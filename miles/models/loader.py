@@ -8,6 +8,8 @@ lets the trainer's recomputation match the engine's rollout bit for bit.
 
 from __future__ import annotations
 
+import contextlib
+
 import json
 import logging
 from pathlib import Path
@@ -184,10 +186,12 @@ class DiffusionModel:
     # -- the forward --------------------------------------------------------------------------
 
     def velocity(self, x: torch.Tensor, sigma, cond: Conditioning, guidance_scale: float = 1.0,
-                 expert: str | None = None) -> torch.Tensor:
+                 expert: str | None = None, detach_uncond: bool = False) -> torch.Tensor:
         """Guided velocity for latents x [B, ...] at sigma (float or [B]); fp32 [B, ...].
 
         `expert` picks the transformer component; None picks it per sample from sigma.
+        `detach_uncond` runs the unconditional branch without gradient (flow_grpo's SD3 trainer
+        detaches it); its values are the same either way.
         """
         batch = x.shape[0]
         sigmas = torch.as_tensor(sigma, dtype=torch.float32).reshape(-1).cpu()
@@ -205,7 +209,8 @@ class DiffusionModel:
             one = cond.select(i).to(self.device)
             out = self.spec.module.forward(self.parts, transformer, xi, s, one.positive).float()
             if guided:
-                uncond = self.spec.module.forward(self.parts, transformer, xi, s, one.negative).float()
+                with torch.no_grad() if detach_uncond else contextlib.nullcontext():
+                    uncond = self.spec.module.forward(self.parts, transformer, xi, s, one.negative).float()
                 out = self.spec.module.guide(out, uncond, guidance_scale)
             outputs.append(out)
         return torch.cat(outputs)

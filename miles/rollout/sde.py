@@ -23,6 +23,9 @@ class StepResult:
     mean: torch.Tensor  # [B, ...] mean of the step's Gaussian
     std: torch.Tensor  # [B, 1, ...] standard deviation of x_next around `mean` (0 for ode)
     log_prob: torch.Tensor  # [B] log-density of x_next, averaged over the non-batch dims
+    # [B, 1, ...] the reference's `std_dev_t`: sde a*sqrt(s/(1-s)) (std without sqrt(-dt)), cps the step's
+    # std, ode the sde value; the KL divides by its square (docs/algorithms.md, KL)
+    std_dev_t: torch.Tensor | None = None
 
 
 def largest_sigma_below_one(sigmas) -> float:
@@ -79,16 +82,11 @@ def sde_step(
         mean = x + v * dt
         std = torch.zeros_like(s)
         out = mean if x_next is None else x_next.float()
-        return StepResult(out, mean, std, torch.zeros(x.shape[0], device=x.device))
+        std_t = _sde_std_dev_t(s, noise_level, sigma_max) if sigma_max is not None or bool((s < 1.0).all()) else None
+        return StepResult(out, mean, std, torch.zeros(x.shape[0], device=x.device), std_t)
 
     if sde_type == "sde":
-        if bool((s >= 1.0).any()):
-            if sigma_max is None:
-                raise ValueError("sde_step at sigma == 1 needs sigma_max (the largest sigma < 1 of the schedule)")
-            denominator = 1.0 - torch.where(s >= 1.0, torch.full_like(s, sigma_max), s)
-        else:
-            denominator = 1.0 - s
-        std_t = noise_level * torch.sqrt(s / denominator)
+        std_t = _sde_std_dev_t(s, noise_level, sigma_max)
         mean = x * (1 + std_t**2 / (2 * s) * dt) + v * (1 + std_t**2 * (1 - s) / (2 * s)) * dt
         std = std_t * torch.sqrt(-dt)
     else:  # cps: coefficients-preserving sampling, std from sigma_next
@@ -96,6 +94,7 @@ def sde_step(
         x0_pred = x - s * v
         noise_pred = x + (1 - s) * v
         mean = x0_pred * (1 - s_next) + noise_pred * torch.sqrt(s_next**2 - std**2)
+        std_t = std
 
     if x_next is None:
         if noise is None:
@@ -110,7 +109,18 @@ def sde_step(
         log_density = -(diff**2) / (2 * std**2) - torch.log(std) - math.log(math.sqrt(2 * math.pi))
     else:
         log_density = -(diff**2)
-    return StepResult(x_next, mean, std, _mean_over_non_batch(log_density))
+    return StepResult(x_next, mean, std, _mean_over_non_batch(log_density), std_t)
+
+
+def _sde_std_dev_t(s: torch.Tensor, noise_level: float, sigma_max: float | None) -> torch.Tensor:
+    """a * sqrt(s / (1 - s)), with s == 1 replaced by sigma_max in the denominator."""
+    if bool((s >= 1.0).any()):
+        if sigma_max is None:
+            raise ValueError("sde_step at sigma == 1 needs sigma_max (the largest sigma < 1 of the schedule)")
+        denominator = 1.0 - torch.where(s >= 1.0, torch.full_like(s, sigma_max), s)
+    else:
+        denominator = 1.0 - s
+    return noise_level * torch.sqrt(s / denominator)
 
 
 def sde_step_on_host(x: torch.Tensor, v: torch.Tensor, sigma, sigma_next, noise_level: float, sde_type: str,
@@ -131,4 +141,5 @@ def sde_step_on_host(x: torch.Tensor, v: torch.Tensor, sigma, sigma_next, noise_
                     x_next=host(x_next), sigma_max=sigma_max)
     if v.device.type == "cpu":
         return step
-    return StepResult(*(t.to(v.device) for t in (step.x_next, step.mean, step.std, step.log_prob)))
+    return StepResult(*(None if t is None else t.to(v.device)
+                        for t in (step.x_next, step.mean, step.std, step.log_prob, step.std_dev_t)))

@@ -25,8 +25,12 @@ def sde_window(args, rollout_id: int, num_steps: int, num_sde_steps: int, rng: r
 
 
 def epoch_global_random_choice(args, rollout_id: int, num_steps: int, num_sde_steps: int, rng: random.Random) -> list[int]:
-    """num_sde_steps distinct steps drawn uniformly, shared by all samples of the rollout."""
-    return sorted(rng.sample(range(num_steps), num_sde_steps))
+    """num_sde_steps distinct steps drawn uniformly from the first int(num_steps x
+    --diffusion-timestep-fraction) (the reference's trained fraction: the terminal step only at 1.0),
+    shared by all samples of the rollout."""
+    fraction = getattr(args, "diffusion_timestep_fraction", 1.0)
+    eligible = min(num_steps, max(num_sde_steps, int(num_steps * fraction)))
+    return sorted(rng.sample(range(eligible), num_sde_steps))
 
 
 BUILTIN: dict[str, StepStrategy] = {"sde_window": sde_window, "epoch_global_random_choice": epoch_global_random_choice}
@@ -51,7 +55,7 @@ def rollout_rng(rollout_seed: int, rollout_id: int) -> random.Random:
 def trained_steps_for_rollout(args, rollout_id: int) -> list[int]:
     """The strategy named by --diffusion-step-strategy-path applied to this rollout, checked."""
     num_steps = args.diffusion_num_steps
-    num_sde_steps = args.diffusion_num_sde_steps or num_steps
+    num_sde_steps = args.diffusion_num_sde_steps or max(1, int(num_steps * getattr(args, "diffusion_timestep_fraction", 1.0)))
     strategy = resolve_step_strategy(getattr(args, "diffusion_step_strategy_path", None) or "sde_window")
     steps = [int(s) for s in strategy(args, rollout_id, num_steps, num_sde_steps, rollout_rng(args.rollout_seed, rollout_id))]
     if len(set(steps)) != len(steps) or any(not 0 <= s < num_steps for s in steps):

@@ -93,6 +93,14 @@ def unit_interval(value: Any) -> float:
     return number
 
 
+def fraction(value: Any) -> float:
+    """A value in (0, 1]: a fraction of the denoising steps."""
+    number = _number(value, float)
+    if not 0.0 < number <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {value!r}")
+    return number
+
+
 # ---- the parser ----
 
 class SuggestingArgumentParser(argparse.ArgumentParser):
@@ -237,7 +245,11 @@ def _sampling(parser) -> None:
     g = parser.add_argument_group("sampling", "the rollout sampler and which steps are trained")
     g.add_argument("--diffusion-num-steps", type=positive_int, default=10, help="denoising steps per sample")
     g.add_argument("--diffusion-num-sde-steps", type=positive_int, default=None,
-                   help="steps per sample that are SDE steps and get trained; unset: all")
+                   help="steps per sample that are SDE steps and get trained; unset: "
+                        "int(--diffusion-num-steps x --diffusion-timestep-fraction)")
+    g.add_argument("--diffusion-timestep-fraction", "--diffusion-nft-timestep-fraction", type=fraction,
+                   default=0.99, help="unset --diffusion-num-sde-steps trains the first int(steps x this) steps "
+                   "(flow_grpo's and DiffusionNFT's timestep_fraction); 1.0 also trains the terminal step")
     g.add_argument("--diffusion-step-strategy-path", default="sde_window",
                    help="which steps are trained: sde_window, epoch_global_random_choice, or a "
                    "function pkg.mod:fn / pkg.mod.fn")
@@ -291,15 +303,32 @@ def _algorithm(parser) -> None:
     g.add_argument("--advantage-estimator", choices=("grpo",), default="grpo", help="advantage estimator")
     g.add_argument("--diffusion-clip-range", type=positive_float, default=1e-4, help="PPO ratio clip eps")
     g.add_argument("--diffusion-adv-clip-max", type=positive_float, default=5.0, help="advantage clamp")
-    g.add_argument("--diffusion-kl-beta", type=non_negative_float, default=0.0,
-                   help="KL penalty weight; > 0 needs a reference (--use-lora or --use-ema)")
-    g.add_argument("--diffusion-kl-reference", choices=("auto", "lora_base", "ema"), default="auto",
+    g.add_argument("--diffusion-kl-beta", type=non_negative_float, default=None,
+                   help="KL penalty weight; > 0 needs a reference (--use-lora or --use-ema); unset: 0, "
+                        "or DiffusionNFT's 1e-4 under --loss-type nft --use-lora")
+    g.add_argument("--diffusion-kl-reference", "--ref-mode", choices=("auto", "lora_base", "ema"), default="auto",
                    help="KL reference; auto: the LoRA base with --use-lora, else the EMA")
     _switch(g, "--globalize-reward-mean", "advantage mean over the whole batch, not per prompt")
     _switch(g, "--globalize-reward-std", "advantage std over the whole batch, not per prompt")
-    g.add_argument("--nft-beta", type=positive_float, default=1.0, help="DiffusionNFT beta")
+    g.add_argument("--nft-beta", "--diffusion-nft-beta", type=positive_float, default=1.0, help="DiffusionNFT beta")
+    g.add_argument("--diffusion-nft-adaptive-weight", action=argparse.BooleanOptionalAction, default=True,
+                   help="nft: divide each x0 error by its detached per-sample mean |error| (DiffusionNFT's)")
     _switch(g, "--use-ema", "keep an EMA of the trained weights")
     g.add_argument("--ema-decay", type=unit_interval, default=0.995, help="EMA decay")
+    g.add_argument("--ema-rollout-policy", choices=("live", "ema"), default=None,
+                   help="weights the engines sample with: the trained ones, or an old policy that follows "
+                        "them by a ramped EMA once per rollout (nft only); unset: ema under nft, else live")
+    g.add_argument("--ema-decay-init", type=unit_interval, default=0.0,
+                   help="old policy's decay during the first --ema-decay-flat-steps optimizer steps")
+    g.add_argument("--ema-decay-ramp", type=non_negative_float, default=0.001,
+                   help="old policy's decay grows by this per optimizer step after the flat steps")
+    g.add_argument("--ema-decay-max", type=unit_interval, default=0.5, help="old policy's decay ceiling")
+    g.add_argument("--ema-decay-flat-steps", type=non_negative_int, default=0,
+                   help="optimizer steps the old policy's decay stays at --ema-decay-init")
+    _switch(g, "--train-uncond-branch", "let gradient flow through the unconditional CFG branch in training "
+            "(flow_grpo's SD3 trainer detaches it)")
+    _switch(g, "--keep-zero-advantage-samples", "policy_loss: keep samples whose advantage is exactly 0 (flat "
+            "groups) in the loss; flow_grpo drops them")
 
 
 def _optimizer(parser) -> None:
@@ -322,6 +351,8 @@ def _lora(parser) -> None:
     _switch(g, "--use-lora", "train LoRA adapters instead of the full weights")
     g.add_argument("--lora-rank", type=positive_int, default=None, help="LoRA rank; unset: 32")
     g.add_argument("--lora-alpha", type=positive_int, default=None, help="LoRA alpha; unset: the rank")
+    g.add_argument("--lora-init-weights", choices=("gaussian", "kaiming-uniform"), default="gaussian",
+                   help="lora_A's init (lora_B starts at zero either way); gaussian is flow_grpo's")
     g.add_argument("--lora-target-modules", nargs="+", default=None,
                    help="module names to adapt; unset: the family's")
 

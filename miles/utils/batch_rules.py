@@ -34,7 +34,13 @@ def family_of(ns: Namespace) -> FamilyFacts:
 
 
 def num_trained_steps(ns: Namespace) -> int:
-    return ns.diffusion_num_sde_steps or ns.diffusion_num_steps
+    """--diffusion-num-sde-steps, else the reference's first int(steps x timestep fraction) steps."""
+    return ns.diffusion_num_sde_steps or eligible_step_count(ns)
+
+
+def eligible_step_count(ns: Namespace) -> int:
+    """flow_grpo's num_train_timesteps = int(num_steps * timestep_fraction), at least one step."""
+    return max(1, int(ns.diffusion_num_steps * getattr(ns, "diffusion_timestep_fraction", 1.0)))
 
 
 def train_gpus(ns: Namespace) -> int:

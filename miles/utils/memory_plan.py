@@ -328,11 +328,13 @@ def _train_rank(ns: Namespace, plan, facts: ModelFacts, geo: Geometry) -> tuple[
         terms.append((f"compute copy in {ns.compute_dtype}", sum(comps[n].params for n in kept_copy) * c))
     if ns.use_lora:
         terms.append(("LoRA adapters on the model(s)", t_params * (p + (c if copy else 0))))
-    per_trained = (c if copy else p) + p + 2 * p + (p if ns.use_ema else 0)
+    copies = (p if ns.use_ema else 0) + (p if getattr(ns, "ema_rollout_policy", None) == "ema" else 0)
+    copy_names = ", EMA" * bool(ns.use_ema) + ", NFT old policy" * (getattr(ns, "ema_rollout_policy", None) == "ema")
+    per_trained = (c if copy else p) + p + 2 * p + copies
     terms.append((f"trained state {what}: {t_params / 1e9:.3f} B params x {per_trained} B "
-                  f"(backward's grads, the reduced grads, AdamW{', EMA' if ns.use_ema else ''})",
+                  f"(backward's grads, the reduced grads, AdamW{copy_names})",
                   t_params * per_trained))
-    optimizer_state = t_params * (2 * p + (p if ns.use_ema else 0))
+    optimizer_state = t_params * (2 * p + copies)
     grads = t_params * ((c if copy else p) + p)  # gone between steps (set to None)
     models = sum(b for _, b in terms) - optimizer_state - grads
     act_term, act_bytes = _activations(ns, plan, facts, geo, trained, c)

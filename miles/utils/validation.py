@@ -36,6 +36,7 @@ def validate_args(ns: Namespace) -> BatchPlan:
     alpha and targets, start rollout id, run dir), so validating the result again is a no-op.
     """
     family = family_of(ns)
+    resolve_algorithm_defaults(ns)
     check_cross_flag_rules(ns, family)
     plan = compute_batch_plan(ns)
     check_guidance_scale_2(ns, plan)
@@ -68,6 +69,47 @@ def fill_derived_values(ns: Namespace, family: FamilyFacts, plan: BatchPlan) -> 
         ns.run_dir = f"runs/{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
 
 
+# DiffusionNFT's KL weight (config/base.py train.beta); its trainer has a KL only against the LoRA base
+NFT_REFERENCE_KL_BETA = 1e-4
+EMA_DECAY_SCHEDULE_FLAGS = {"ema_decay_init": 0.0, "ema_decay_ramp": 0.001, "ema_decay_max": 0.5,
+                            "ema_decay_flat_steps": 0}
+
+
+def resolve_algorithm_defaults(ns: Namespace) -> None:
+    """The defaults that depend on the loss (each the reference's; docs/algorithms.md)."""
+    nft = ns.loss_type == "nft"
+    if ns.diffusion_kl_beta is None:
+        ns.diffusion_kl_beta = NFT_REFERENCE_KL_BETA if nft and ns.use_lora else 0.0
+    if getattr(ns, "ema_rollout_policy", None) is None:
+        ns.ema_rollout_policy = "ema" if nft else "live"
+
+
+def _algorithm_flags(ns: Namespace, family: FamilyFacts) -> None:
+    """Flags of one loss or one rollout policy, refused where they would do nothing."""
+    nft = ns.loss_type == "nft"
+    if ns.ema_rollout_policy == "ema" and not nft:
+        raise ConfigError(f"--ema-rollout-policy ema with --loss-type {ns.loss_type}: only DiffusionNFT samples from an "
+                          f"old policy; fix: drop it or use --loss-type nft")
+    if ns.ema_rollout_policy == "ema" and getattr(ns, "train_backend", "dp") != "dp":
+        raise ConfigError(f"--ema-rollout-policy ema with --train-backend {ns.train_backend}: the old policy is kept "
+                          f"and checkpointed by the dp backend only; fix: --train-backend dp or "
+                          f"--ema-rollout-policy live")
+    if ns.ema_rollout_policy == "ema" and getattr(ns, "offload_train", False):
+        raise ConfigError("--ema-rollout-policy ema with --offload-train: the old policy is not offloaded with the "
+                          "rest of the train state; fix: drop --offload-train or use --ema-rollout-policy live")
+    if ns.ema_rollout_policy != "ema":
+        changed = [f"--{k.replace('_', '-')}" for k, v in EMA_DECAY_SCHEDULE_FLAGS.items() if getattr(ns, k) != v]
+        if changed:
+            raise ConfigError(f"{', '.join(changed)} shape the old policy's decay, which only --ema-rollout-policy ema "
+                              f"keeps; fix: drop them or add --ema-rollout-policy ema (--loss-type nft)")
+    if not nft and not ns.diffusion_nft_adaptive_weight:
+        raise ConfigError(f"--no-diffusion-nft-adaptive-weight with --loss-type {ns.loss_type}: it shapes the nft loss "
+                          f"only; fix: drop it")
+    if ns.keep_zero_advantage_samples and ns.loss_type != "policy_loss":
+        raise ConfigError(f"--keep-zero-advantage-samples with --loss-type {ns.loss_type}: only policy_loss drops "
+                          f"zero-advantage samples; fix: drop it")
+
+
 def kl_reference(ns: Namespace) -> str:
     if ns.diffusion_kl_reference != "auto":
         return ns.diffusion_kl_reference
@@ -83,7 +125,7 @@ def has_rollout_engines(ns: Namespace) -> bool:
 def check_cross_flag_rules(ns: Namespace, family: FamilyFacts) -> None:
     for rule in (_run_length, _checkpointing, _lora_flags, _run_modes, _kl_reference, _reward_source,
                  _dotted_paths, _prompt_data, _learning_rates, _microgroups, _target_modules, _dtypes,
-                 _unimplemented_values, _gpu_memory, _edm_schedule, _weight_sync, _offload):
+                 _unimplemented_values, _gpu_memory, _edm_schedule, _weight_sync, _offload, _algorithm_flags):
         rule(ns, family)
 
 
@@ -187,7 +229,9 @@ def _checkpointing(ns: Namespace, family: FamilyFacts) -> None:
 
 def _lora_flags(ns: Namespace, family: FamilyFacts) -> None:
     given = [flag for flag, value in (("--lora-rank", ns.lora_rank), ("--lora-alpha", ns.lora_alpha),
-                                      ("--lora-target-modules", ns.lora_target_modules)) if value is not None]
+                                      ("--lora-target-modules", ns.lora_target_modules),
+                                      ("--lora-init-weights", None if ns.lora_init_weights == "gaussian" else 1))
+             if value is not None]
     if given and not ns.use_lora:
         raise ConfigError(f"{', '.join(given)} given without --use-lora; fix: add --use-lora or drop them")
 

@@ -65,10 +65,11 @@ def test_algorithm_flags_reach_the_loss_and_the_advantages(monkeypatch):
 
 
 def test_clip_range_and_nft_beta_change_the_loss():
-    from miles.backends.loss import PolicyLossInputs, nft_loss, policy_loss
+    from miles.backends.loss import NFTInputs, PolicyLossInputs, nft_loss, policy_loss
 
     inputs = PolicyLossInputs(torch.tensor([0.5]), torch.tensor([0.0]), torch.tensor([1.0]),
                               torch.zeros(1, 2), torch.ones(1), None)
     assert float(policy_loss(inputs, clip_range=0.1, kl_beta=0.0)[0]) != float(policy_loss(inputs, clip_range=0.9, kl_beta=0.0)[0])
-    v, old, target, opt = torch.ones(1, 2), torch.zeros(1, 2), torch.full((1, 2), 0.5), torch.tensor([0.7])
-    assert float(nft_loss(v, old, target, opt, 1.0)[0]) != float(nft_loss(v, old, target, opt, 0.5)[0])
+    nft = NFTInputs(torch.ones(1, 2), torch.zeros(1, 2), torch.full((1, 2), 0.5), torch.zeros(1, 2),
+                    torch.tensor([0.5]), torch.tensor([1.0]))
+    assert float(nft_loss(nft, beta=1.0, adv_clip_max=5.0)[0]) != float(nft_loss(nft, beta=0.5, adv_clip_max=5.0)[0])

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from miles.backends.loss import (
+    NFTInputs,
     PolicyLossInputs,
     compute_advantages,
     gaussian_mean_kl,
@@ -14,6 +15,7 @@ from miles.backends.loss import (
     nft_optimality,
     policy_loss,
     sft_loss,
+    trained_pairs_mask,
 )
 
 EPS = 1e-4  # Flow-GRPO's std guard
@@ -37,12 +39,30 @@ def test_advantages_global_mean_with_group_std():
     assert torch.allclose(adv, torch.tensor([-2.5 / (1 + EPS), -0.5 / (1 + EPS), 1.5 / EPS, 1.5 / EPS]).clamp(-5, 5))
 
 
-def test_advantages_single_sample_per_prompt_skip_std_normalisation():
-    assert torch.equal(compute_advantages(torch.tensor([1.0, 3.0]), 1), torch.zeros(2))
-    adv = compute_advantages(torch.tensor([1.0, 3.0]), 1, globalize_mean=True, globalize_std=True)
-    assert torch.equal(adv, torch.tensor([-1.0, 1.0]))  # divided by nothing, though the std is 1 here too
-    adv = compute_advantages(torch.tensor([0.0, 4.0]), 1, globalize_mean=True)
-    assert torch.equal(adv, torch.tensor([-2.0, 2.0]))
+def test_advantages_single_sample_per_prompt_are_normalised_over_the_batch():
+    # flow_grpo's untracked branch: (r - batch mean) / (batch std + 1e-4), whatever the globalize flags say
+    expected = torch.tensor([-1.0, 1.0]) / (1 + EPS)
+    for flags in ({}, {"globalize_mean": True}, {"globalize_std": True}, {"globalize_mean": True, "globalize_std": True}):
+        assert torch.allclose(compute_advantages(torch.tensor([1.0, 3.0]), 1, **flags), expected)
+    assert torch.allclose(compute_advantages(torch.tensor([0.0, 4.0]), 1), torch.tensor([-2.0, 2.0]) / (2 + EPS))
+
+
+def test_zero_advantage_pairs_leave_the_policy_loss_unless_kept():
+    adv = compute_advantages(torch.tensor([1.0, 3.0, 2.0, 2.0]), 2)  # second group flat
+    keep = trained_pairs_mask(adv, keep_zero_advantage=False)
+    assert keep.tolist() == [True, True, False, False]
+    assert trained_pairs_mask(adv, keep_zero_advantage=True).all()
+    inputs = _inputs([0.0] * 4, [0.0] * 4, adv.tolist())
+    inputs.keep = keep
+    dropped, _ = policy_loss(inputs, clip_range=0.05)
+    inputs.keep = None
+    kept, _ = policy_loss(inputs, clip_range=0.05)
+    # ratio 1: per pair -A; the flat pairs add 0 but halve the mean when kept
+    assert dropped.item() == pytest.approx(0.0, abs=1e-7) and kept.item() == pytest.approx(0.0, abs=1e-7)
+    inputs = _inputs([0.1] * 4, [0.0] * 4, adv.tolist())
+    inputs.keep = keep
+    assert policy_loss(inputs, clip_range=0.5)[0].item() == pytest.approx(
+        2 * policy_loss(_inputs([0.1] * 4, [0.0] * 4, adv.tolist()), clip_range=0.5)[0].item(), rel=1e-6)
 
 
 def test_advantages_are_clamped():
@@ -55,7 +75,7 @@ def _inputs(new, old, adv, **kw):
     return PolicyLossInputs(
         log_prob=torch.tensor(new, requires_grad=True), old_log_prob=torch.tensor(old),
         advantages=torch.tensor(adv), mean=kw.get("mean", torch.zeros(b, 2)),
-        std=kw.get("std", torch.ones(b, 1)), ref_mean=kw.get("ref_mean"),
+        std=kw.get("std", torch.ones(b, 1)), ref_mean=kw.get("ref_mean"), std_dev_t=kw.get("std_dev_t"),
     )
 
 
@@ -78,9 +98,10 @@ def test_policy_loss_keeps_the_unclipped_term_when_it_is_worse():
 
 def test_policy_loss_adds_the_kl_to_the_reference():
     inputs = _inputs([0.0], [0.0], [0.0], mean=torch.tensor([[1.0, 2.0]]),
-                     ref_mean=torch.zeros(1, 2), std=torch.tensor([[0.5]]))
+                     ref_mean=torch.zeros(1, 2), std=torch.tensor([[0.1]]), std_dev_t=torch.tensor([[0.5]]))
+    inputs.keep = torch.tensor([True])
     loss, metrics = policy_loss(inputs, clip_range=0.05, kl_beta=0.1)
-    # mean((1, 4)) / (2 * 0.25) = 5
+    # mean((1, 4)) / (2 * 0.25) = 5: over std_dev_t, not the step's std
     assert metrics["kl_loss"].item() == pytest.approx(5.0)
     assert loss.item() == pytest.approx(0.5)
 
@@ -90,17 +111,29 @@ def test_policy_loss_with_kl_needs_a_reference():
         policy_loss(_inputs([0.0], [0.0], [0.0]), clip_range=0.05, kl_beta=0.1)
 
 
-def test_gaussian_mean_kl_averages_per_pair_with_its_own_std():
+def test_gaussian_mean_kl_is_per_pair_with_its_own_std():
     kl = gaussian_mean_kl(torch.tensor([[1.0], [1.0]]), torch.zeros(2, 1), torch.tensor([[1.0], [0.5]]))
-    assert kl.item() == pytest.approx((0.5 + 2.0) / 2)
+    assert kl.tolist() == pytest.approx([0.5, 2.0])
 
 
 def test_nft_loss_pulls_the_positive_policy_on_good_and_the_negative_on_bad_samples():
-    v_new, v_old, target = torch.tensor([[2.0]]), torch.tensor([[1.0]]), torch.tensor([[0.0]])
-    good, _ = nft_loss(v_new, v_old, target, torch.tensor([1.0]), beta=0.5)
-    bad, _ = nft_loss(v_new, v_old, target, torch.tensor([0.0]), beta=0.5)
-    assert good.item() == pytest.approx(1.5**2)  # v+ = 0.5 * 1 + 0.5 * 2
-    assert bad.item() == pytest.approx(0.5**2)  # v- = 1.5 * 1 - 0.5 * 2
+    # x_t = 0, t = 1, x0 = 0: x0_hat = -v, so |x0_hat - x0|^2 / |x0_hat - x0| = |v|
+    def loss(advantage, adaptive=True):
+        inputs = NFTInputs(torch.tensor([[2.0]]), torch.tensor([[1.0]]), torch.zeros(1, 1), torch.zeros(1, 1),
+                           torch.tensor([1.0]), torch.tensor([advantage]))
+        return nft_loss(inputs, beta=0.5, adv_clip_max=5.0, adaptive_weight=adaptive)[0].item()
+    assert loss(5.0) == pytest.approx(5.0 * 1.5 / 0.5)  # r = 1: v+ = 0.5 * 1 + 0.5 * 2
+    assert loss(-5.0) == pytest.approx(5.0 * 0.5 / 0.5)  # r = 0: v- = 1.5 * 1 - 0.5 * 2
+    assert loss(5.0, adaptive=False) == pytest.approx(5.0 * 1.5**2 / 0.5)
+
+
+def test_nft_loss_adds_the_kl_to_the_reference_velocity():
+    inputs = NFTInputs(torch.tensor([[2.0, 0.0]]), torch.zeros(1, 2), torch.zeros(1, 2), torch.zeros(1, 2),
+                       torch.tensor([0.5]), torch.tensor([0.0]), v_ref=torch.zeros(1, 2))
+    without, _ = nft_loss(inputs, beta=1.0, adv_clip_max=5.0)
+    with_kl, metrics = nft_loss(inputs, beta=1.0, adv_clip_max=5.0, kl_beta=0.1)
+    assert metrics["kl_loss"].item() == pytest.approx(2.0)  # mean((4, 0))
+    assert with_kl.item() == pytest.approx(without.item() + 0.2)
 
 
 def test_nft_optimality_maps_clamped_advantage_to_unit_interval():

@@ -141,10 +141,50 @@ def test_stride_split_with_2d_tiles_gives_each_rank_whole_timesteps():
 
 # ---- the step strategy ----
 
-def test_trained_steps_default_to_all_denoising_steps():
+def test_trained_steps_default_to_the_reference_fraction_never_the_terminal_step():
+    # flow_grpo's int(num_steps * timestep_fraction) with its 0.99: steps 0..4 of 6, not step 5
     ns = parse_args(BASE + ["--diffusion-num-steps", "6"])
-    assert ns.diffusion_num_sde_steps == 6
-    assert plan("--diffusion-num-steps", "6").train_pairs == 256 * 6
+    assert ns.diffusion_num_sde_steps == 5
+    assert plan("--diffusion-num-steps", "6").train_pairs == 256 * 5
+    assert parse_args(BASE + ["--diffusion-num-steps", "6", "--diffusion-timestep-fraction", "1.0"]).diffusion_num_sde_steps == 6
+    assert parse_args(BASE + ["--diffusion-num-steps", "10", "--diffusion-nft-timestep-fraction", "0.5"]).diffusion_num_sde_steps == 5
+
+
+def test_random_step_choice_draws_from_the_reference_fraction():
+    import random
+    from types import SimpleNamespace
+
+    from miles.rollout.step_strategy import epoch_global_random_choice
+
+    args = SimpleNamespace(diffusion_timestep_fraction=0.99)
+    drawn = {s for seed in range(200) for s in epoch_global_random_choice(args, 0, 10, 3, random.Random(seed))}
+    assert drawn == set(range(9))  # every step but the terminal one comes up
+    args.diffusion_timestep_fraction = 1.0
+    drawn = {s for seed in range(200) for s in epoch_global_random_choice(args, 0, 10, 3, random.Random(seed))}
+    assert 9 in drawn
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--ema-rollout-policy", "ema"], "--ema-rollout-policy ema with --loss-type policy_loss"),
+    (["--loss-type", "nft", "--train-backend", "fsdp"], "--ema-rollout-policy ema with --train-backend fsdp"),
+    (["--ema-decay-max", "0.9"], "--ema-decay-max shape the old policy's decay"),
+    (["--loss-type", "nft", "--ema-rollout-policy", "live", "--ema-decay-ramp", "0.01"], "--ema-decay-ramp shape"),
+    (["--no-diffusion-nft-adaptive-weight"], "--no-diffusion-nft-adaptive-weight with --loss-type policy_loss"),
+    (["--loss-type", "nft", "--keep-zero-advantage-samples"], "--keep-zero-advantage-samples with --loss-type nft"),
+    (["--lora-init-weights", "kaiming-uniform"], "--lora-init-weights given without --use-lora"),
+])
+def test_algorithm_flags_that_would_do_nothing_are_refused(flags, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        parse_args(BASE + flags)
+
+
+def test_loss_dependent_defaults_are_the_references():
+    assert parse_args(BASE).diffusion_kl_beta == 0.0 and parse_args(BASE).ema_rollout_policy == "live"
+    nft = parse_args(BASE + ["--loss-type", "nft", "--use-lora"])
+    assert nft.diffusion_kl_beta == 1e-4 and nft.ema_rollout_policy == "ema"  # DiffusionNFT's train.beta
+    assert parse_args(BASE + ["--loss-type", "nft"]).diffusion_kl_beta == 0.0  # no LoRA base to compare with
+    aliases = parse_args(BASE + ["--loss-type", "nft", "--diffusion-nft-beta", "0.3", "--ref-mode", "ema", "--use-ema"])
+    assert aliases.nft_beta == 0.3 and aliases.diffusion_kl_reference == "ema"
 
 
 def test_more_sde_steps_than_denoising_steps_is_refused():
@@ -175,7 +215,8 @@ def test_step_strategy_that_is_no_path_is_refused():
 
 def test_wan22_flat_micro_batch_across_the_expert_boundary_is_refused_with_the_exact_message():
     message = refused(r"^Micro-batch mixes denoising phases \(Wan2\.2\).*fix: --micro-batch-size 1 or a "
-                      r"phase-pure tiling", "--diffusion-num-steps", "8", "--micro-batch-size", "2", base=WAN)
+                      r"phase-pure tiling", "--diffusion-num-steps", "8", "--diffusion-timestep-fraction", "1.0",
+                      "--micro-batch-size", "2", base=WAN)
     assert "steps [4, 5]" in message  # the pipeline's 8-step schedule at shift 12: 0..4 high-noise
 
 
@@ -210,8 +251,8 @@ def test_wan22_random_step_choice_is_checked_conservatively():
 def test_wan22_choice_of_every_step_is_checked_as_the_one_choice_it_is(strategy):
     # 10 steps at shift 12 (the pipeline's schedule): steps 0..5 high-noise, 6..9 low. Choosing all
     # 10 (sorted by the rollout) leaves one choice, and flat pairs (0,1) .. (8,9) never straddle step 6.
-    assert plan("--diffusion-num-steps", "10", "--micro-batch-size", "2", "--diffusion-step-strategy-path",
-                strategy, base=WAN)
+    assert plan("--diffusion-num-steps", "10", "--diffusion-timestep-fraction", "1.0", "--micro-batch-size", "2",
+                "--diffusion-step-strategy-path", strategy, base=WAN)
 
 
 def test_wan22_custom_strategy_mixing_two_steps_is_refused():
