@@ -109,7 +109,7 @@ class RolloutManager:
         requests = [SampleRequest(item.prompt, g, 0, sample_seed(args.rollout_seed, EVAL_SEED_OFFSET, g, 0),
                                   dict(item.metadata)) for g, item in enumerate(items)]
         rewards = self._score(self._sample(requests, [], False, what="eval"))
-        return {"eval/reward/raw_mean": sum(rewards) / len(rewards)}
+        return {"eval/reward/raw_mean": sum(rewards) / len(rewards), "eval/num_prompts": len(rewards)}
 
     def apply_lora(self, spec: LoraSpec, components: list[str]) -> None:
         import ray
