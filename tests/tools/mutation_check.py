@@ -3,7 +3,10 @@
     python3 -m tests.tools.mutation_check [--flag --use-ema ...]
 
 Each test run takes the shared heavy-run lock (/tmp/miles-heavy.lock, when `flock` exists), so the
-check waits its turn test by test instead of holding the machine for its whole length.
+check waits its turn test by test; or hold the lock for the whole check (the source is then never
+left mutated while waiting for it):
+
+    flock /tmp/miles-heavy.lock python3 -m tests.tools.mutation_check --no-lock
 
 For each mutation, one at a time: rewrite the source so the trainer ignores the flag (a read of
 the flag replaced by a constant), run the test tests/unit/utils/flag_effects.py registers for that
@@ -112,11 +115,11 @@ def mutated(root: Path, mutation: Mutation) -> Iterator[None]:
             signal.signal(s, handler)
 
 
-def run_test(root: Path, nodeid: str) -> bool:
+def run_test(root: Path, nodeid: str, lock: bool = True) -> bool:
     """True when the test passed. No bytecode is written, so no cached mutant outlives the run."""
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
     cmd = [sys.executable, "-m", "pytest", nodeid, "-x", "-q", "-p", "no:cacheprovider"]
-    if shutil.which("flock"):
+    if lock and shutil.which("flock"):
         cmd = ["flock", HEAVY_LOCK, *cmd]
     return subprocess.run(cmd, cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode == 0
 
@@ -148,9 +151,11 @@ def table(rows) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--flag", nargs="+", help="only these flags' mutations")
+    parser.add_argument("--no-lock", action="store_true",
+                        help="the caller holds the heavy-run lock already (flock ... python3 -m ...)")
     ns = parser.parse_args(argv)
     chosen = [m for m in MUTATIONS if not ns.flag or m.flag in ns.flag]
-    rows = check(chosen)
+    rows = check(chosen, run=lambda root, nodeid: run_test(root, nodeid, lock=not ns.no_lock))
     print(table(rows))
     return 0 if all(outcome == "failed" for _, _, outcome in rows) else 1
 
