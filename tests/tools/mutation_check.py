@@ -8,7 +8,8 @@ left mutated while waiting for it):
 
     flock /tmp/miles-heavy.lock python3 -m tests.tools.mutation_check --no-lock
 
-For each mutation, one at a time: rewrite the source so the trainer ignores the flag (a read of
+First each registered test runs on the untouched source (it must pass). Then for each mutation, one
+at a time: rewrite the source so the trainer ignores the flag (a read of
 the flag replaced by a constant), run the test tests/unit/utils/flag_effects.py registers for that
 flag, put the source back byte for byte. A registered test that still passes under its mutation
 does not observe its flag. Prints the table flag | mutation | registered test | outcome and exits
@@ -124,12 +125,19 @@ def run_test(root: Path, nodeid: str, lock: bool = True) -> bool:
     return subprocess.run(cmd, cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode == 0
 
 
-def check(mutations, root: Path = ROOT, run=run_test) -> list[tuple[Mutation, str, str]]:
-    """(mutation, registered test, outcome) per mutation; outcome 'failed' is the wanted one."""
+def check(mutations, root: Path = ROOT, run=run_test, baseline: bool = True) -> list[tuple[Mutation, str, str]]:
+    """(mutation, registered test, outcome) per mutation; outcome 'failed' is the wanted one. With
+    `baseline`, each test first runs on the untouched source: a failure under a mutation only
+    counts when the test passes without it."""
     tests = registry(root)
+    passing = {nodeid: run(root, nodeid) for nodeid in dict.fromkeys(tests[m.flag] for m in mutations)} \
+        if baseline else {}
     rows = []
     for m in mutations:
         nodeid = tests[m.flag]
+        if baseline and not passing[nodeid]:
+            rows.append((m, nodeid, "BASELINE FAILED: the test fails without the mutation"))
+            continue
         try:
             with mutated(root, m):
                 outcome = "PASSED (does not observe the flag)" if run(root, nodeid) else "failed"
@@ -153,9 +161,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--flag", nargs="+", help="only these flags' mutations")
     parser.add_argument("--no-lock", action="store_true",
                         help="the caller holds the heavy-run lock already (flock ... python3 -m ...)")
+    parser.add_argument("--no-baseline", action="store_true", help="skip the runs on the untouched source")
     ns = parser.parse_args(argv)
     chosen = [m for m in MUTATIONS if not ns.flag or m.flag in ns.flag]
-    rows = check(chosen, run=lambda root, nodeid: run_test(root, nodeid, lock=not ns.no_lock))
+    rows = check(chosen, run=lambda root, nodeid: run_test(root, nodeid, lock=not ns.no_lock),
+                 baseline=not ns.no_baseline)
     print(table(rows))
     return 0 if all(outcome == "failed" for _, _, outcome in rows) else 1
 

@@ -57,8 +57,14 @@ def test_a_test_that_passes_under_its_mutation_is_reported_as_not_observing_the_
     registry_file.write_text(f"FLAG_TESTS = {{{mutation.flag!r}: 'tests/x.py::test_x'}}\n")
     rows = mc.check([mutation], tmp_path, run=lambda root, nodeid: True)
     assert rows[0][2].startswith("PASSED") and "NO:" in mc.table(rows)
-    rows = mc.check([mutation], tmp_path, run=lambda root, nodeid: False)
+    target = tmp_path / mutation.path
+    original = target.read_bytes()
+    # passes on the untouched source, fails on the mutated one: the wanted outcome
+    rows = mc.check([mutation], tmp_path, run=lambda root, nodeid: target.read_bytes() == original)
     assert rows[0][2] == "failed" and "| yes |" in mc.table(rows)
+    # a test that fails anyway proves nothing about its flag
+    rows = mc.check([mutation], tmp_path, run=lambda root, nodeid: False)
+    assert rows[0][2].startswith("BASELINE FAILED") and "NO:" in mc.table(rows)
 
 
 def test_an_anchor_that_no_longer_matches_is_reported_and_nothing_is_written(tmp_path):
@@ -68,5 +74,5 @@ def test_an_anchor_that_no_longer_matches_is_reported_and_nothing_is_written(tmp
     registry_file = tmp_path / "tests/unit/utils/flag_effects.py"
     registry_file.parent.mkdir(parents=True)
     registry_file.write_text("FLAG_TESTS = {'--use-ema': 'tests/x.py::test_x'}\n")
-    rows = mc.check([mutation], tmp_path, run=lambda root, nodeid: pytest.fail("must not run"))
+    rows = mc.check([mutation], tmp_path, run=lambda root, nodeid: pytest.fail("must not run"), baseline=False)
     assert rows[0][2].startswith("ANCHOR MISSING") and target.read_bytes() == original
