@@ -48,7 +48,7 @@ from miles.backends.loss import (
     trained_pairs_mask,
 )
 from miles.backends.lora import LoraSpec, adapters_disabled, attach_lora, lora_spec_from_args
-from miles.backends.optimizer import build_optimizer, clip_gradients, learning_rate, set_learning_rate
+from miles.backends.optimizer import build_optimizer, clip_gradients, decay_steps, learning_rate, set_learning_rate
 from miles.backends.train_offload import TrainOffload, resident
 from miles.backends.sft import SFTBatch, SFTRankStep
 from miles.backends.types import RolloutBatch, TrainResult
@@ -439,7 +439,9 @@ class TrainRank:
 
     def _lr(self) -> float:
         args = self.args
-        total = args.num_rollout * self.plan.num_steps_per_rollout if args.num_rollout else None
+        if getattr(self, "_decay_steps", None) is None:  # --num-epoch: counted from the prompt data once
+            self._decay_steps = decay_steps(args, self.plan.num_steps_per_rollout)
+        total = self._decay_steps
         return learning_rate(self.optimizer_step, lr=args.lr, min_lr=args.min_lr, warmup_steps=args.lr_warmup_steps,
                              total_steps=total, decay_style=args.lr_decay_style)
 

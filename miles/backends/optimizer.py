@@ -37,6 +37,27 @@ def learning_rate(
     return min_lr + (lr - min_lr) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
+def run_rollouts(args) -> int:
+    """Rollouts the run makes: --num-rollout, or --num-epoch passes over the prompt data (the driver's
+    count: batches of --rollout-batch-size that cover the items, the last one spilling over)."""
+    if args.num_rollout:
+        return args.num_rollout
+    if args.loss_type == "sft_loss":
+        from miles.backends.sft_data import SFTDataset
+
+        dataset = SFTDataset.from_args(args)
+    else:
+        from miles.rollout.data import PromptDataset
+
+        dataset = PromptDataset.from_args(args)
+    return args.num_epoch * dataset.batches_per_epoch(args.rollout_batch_size)
+
+
+def decay_steps(args, steps_per_rollout: int) -> int:
+    """Optimizer steps the LR schedule spans: every optimizer step of the run."""
+    return run_rollouts(args) * steps_per_rollout
+
+
 def set_learning_rate(optimizer: torch.optim.Optimizer, lr: float) -> None:
     for group in optimizer.param_groups:
         group["lr"] = lr

@@ -113,7 +113,8 @@ class RolloutManager:
         rewards = self._score(trajectories)
         # as the engines ran them (--diffusion-eval-num-steps), read off the samples' schedules
         steps = max(len(t.sigmas) - 1 for t in trajectories)
-        metrics = {"eval/reward/raw_mean": sum(rewards) / len(rewards), "eval/denoising_steps": steps}
+        metrics = {"eval/reward/raw_mean": sum(rewards) / len(rewards), "eval/denoising_steps": steps,
+                   "eval/num_prompts": len(rewards)}
         if getattr(args, "eval_prompt_name", None):  # `--eval-prompt-data NAME PATH` (miles-diffusion's form)
             metrics[f"eval/{args.eval_prompt_name}/reward/raw_mean"] = metrics["eval/reward/raw_mean"]
         return metrics

@@ -226,11 +226,13 @@ def _batch(parser) -> None:
     g.add_argument("--num-steps-per-rollout", type=positive_int, default=None,
                    help="optimizer steps per rollout; unset: derived from --global-batch-size, or 1")
     g.add_argument("--micro-batch-size", type=positive_int, default=1,
-                   help="flat micro-batch: consecutive train pairs per forward")
+                   help="flat micro-batch: consecutive train pairs per backward pass (their graphs are held "
+                        "together; each model forward still runs one sample)")
     g.add_argument("--micro-batch-size-sample", type=positive_int, default=None,
-                   help="2D tile: samples per forward (with --micro-batch-size-tstep; overrides the flat size)")
+                   help="2D tile: samples per backward pass (with --micro-batch-size-tstep; overrides the flat "
+                        "size)")
     g.add_argument("--micro-batch-size-tstep", type=positive_int, default=None,
-                   help="2D tile: timesteps per forward (with --micro-batch-size-sample)")
+                   help="2D tile: timesteps per backward pass (with --micro-batch-size-sample)")
     g.add_argument("--diffusion-train-iter-order", choices=ITER_ORDERS, default="sample-major",
                    help="order the 2D tiles of an optimizer step are visited in")
     g.add_argument("--train-dp-split-mode", choices=SPLIT_MODES, default="contiguous",
@@ -267,12 +269,13 @@ def _sampling(parser) -> None:
                    help="the step's SDE; unset: the family's default")
     g.add_argument("--diffusion-shift", type=positive_float, default=None,
                    help="sigma schedule shift; overrides the checkpoint's scheduler_config.json (its shift "
-                        "and dynamic shifting) with a warning; unset: the family's default")
+                        "and dynamic shifting) with a warning; unset: the checkpoint's scheduler config decides")
     g.add_argument("--diffusion-max-sequence-length", type=positive_int, default=None,
                    help="prompt tokens, the pipeline's max_sequence_length; unset: the family pipeline's default")
     g.add_argument("--negative-prompt", default="", help="negative prompt for guidance")
     g.add_argument("--rollout-microgroup-size", type=positive_int, default=None,
-                   help="samples of a prompt generated together; unset: all of them")
+                   help="samples of a prompt an engine denoises as one step-by-step group (each model forward "
+                        "still runs one sample); unset: all of them")
     g.add_argument("--rollout-seed", type=any_int, default=42, help="seed of rollout noise and prompt order")
     _switch(g, "--rollout-shuffle", "shuffle the prompt order each epoch")
 
@@ -291,7 +294,8 @@ def _model(parser) -> None:
     g.add_argument("--update-weight-buffer-size", type=any_int, default=None,
                    help="bytes per weight-sync bucket (--weight-sync bucketed); unset: 512 MiB")
     g.add_argument("--param-dtype", choices=DTYPES, default="float32", help="dtype of trained weights")
-    g.add_argument("--compute-dtype", choices=DTYPES, default="float32", help="dtype of train forwards")
+    g.add_argument("--compute-dtype", choices=DTYPES, default="float32",
+                   help="dtype of train forwards; float16 is refused (no gradient scaler): use bfloat16")
     g.add_argument("--rollout-dtype", choices=DTYPES, default="float32", help="dtype of rollout forwards")
     _switch(g, "--gradient-checkpointing", "recompute activations in the backward pass")
 
@@ -334,9 +338,11 @@ def _algorithm(parser) -> None:
 def _optimizer(parser) -> None:
     g = parser.add_argument_group("optimizer", "AdamW")
     g.add_argument("--lr", type=positive_float, default=1e-4, help="peak learning rate")
-    g.add_argument("--min-lr", type=non_negative_float, default=0.0, help="learning rate floor of the decay")
+    g.add_argument("--min-lr", type=non_negative_float, default=0.0,
+                   help="learning rate the linear/cosine decay ends at (refused with the constant style)")
     g.add_argument("--lr-decay-style", choices=("constant", "linear", "cosine"), default="constant",
-                   help="learning rate schedule after warmup")
+                   help="learning rate schedule after warmup, over every optimizer step of the run "
+                        "(--num-rollout, or --num-epoch passes over the prompt data)")
     g.add_argument("--lr-warmup-steps", type=non_negative_int, default=0, help="linear warmup, optimizer steps")
     g.add_argument("--adam-beta1", type=unit_interval, default=0.9, help="Adam beta1")
     g.add_argument("--adam-beta2", type=unit_interval, default=0.999, help="Adam beta2")

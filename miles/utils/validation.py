@@ -199,6 +199,10 @@ def _dtypes(ns: Namespace, family: FamilyFacts) -> None:
         raise ConfigError(f"--compute-dtype {ns.compute_dtype} with --rollout-dtype {ns.rollout_dtype}: train "
                           f"forwards and engine forwards differ, so parity with the engines cannot be exact; "
                           f"fix: --rollout-dtype {ns.compute_dtype} (or --compute-dtype {ns.rollout_dtype})")
+    for flag, value in (("--compute-dtype", ns.compute_dtype), ("--param-dtype", ns.param_dtype)):
+        if value == "float16":  # fp16 gradients underflow without a loss scaler, which this trainer has not
+            raise ConfigError(f"{flag} float16: training in fp16 needs a gradient scaler, which this trainer does "
+                              f"not have; fix: {flag} bfloat16 (fp32's exponent range, no scaler needed)")
     if ns.param_dtype not in ("float32", ns.compute_dtype):
         other = (f"--param-dtype {ns.compute_dtype}" if ns.compute_dtype != "float32" else
                  f"--compute-dtype {ns.param_dtype} --rollout-dtype {ns.param_dtype}")
@@ -286,6 +290,9 @@ def _prompt_data(ns: Namespace, family: FamilyFacts) -> None:
 def _learning_rates(ns: Namespace, family: FamilyFacts) -> None:
     if ns.min_lr > ns.lr:
         raise ConfigError(f"--min-lr {ns.min_lr} > --lr {ns.lr}; fix: lower --min-lr")
+    if ns.min_lr > 0 and ns.lr_decay_style == "constant":
+        raise ConfigError(f"--min-lr {ns.min_lr:g} with --lr-decay-style constant: a constant schedule never "
+                          f"decays to a floor; fix: --lr-decay-style linear or cosine, or drop --min-lr")
 
 
 def _microgroups(ns: Namespace, family: FamilyFacts) -> None:

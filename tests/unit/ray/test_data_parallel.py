@@ -18,6 +18,7 @@ from miles.rollout.rm_hub.types import RewardSample
 from miles.rollout.types import SampleRequest
 from miles.utils.arguments import parse_and_plan
 from miles.utils.batching import expand_pairs, shard_pairs
+from tests.tools.adam_bound import check_first_adamw_step
 
 
 def one_rollout(args):
@@ -72,7 +73,17 @@ def test_two_ranks_match_one_rank_and_each_trains_its_own_shard(ray_cluster, tin
     for name in expected:
         assert torch.equal(rank_states[0][name], rank_states[1][name]), name
     assert any(not torch.equal(before[n], expected[n]) for n in expected), "the step must move the weights"
-    for name, tensor in expected.items():
-        torch.testing.assert_close(rank_states[0][name], tensor, rtol=1e-5, atol=1e-6, msg=name)
-    assert results[0].metrics["train/loss"] == pytest.approx(single_metrics["train/loss"], rel=1e-4, abs=1e-9)
-    assert results[0].metrics["train/grad_norm"] == pytest.approx(single_metrics["train/grad_norm"], rel=1e-4)
+    # one AdamW step on a gradient summed in another order (an all-reduce of two halves): bounded by
+    # what that step can produce, not by a number read off one machine (tests/tools/adam_bound.py)
+    check_first_adamw_step(rank_states[0], expected, before, args1.lr)
+    # each pair's loss is -A r (or -A clip(r)), r = exp(log_prob - recorded log_prob): the two runs'
+    # losses differ by at most |A| |r_a - r_b| <= |A| (d_a + d_b) e^d, d the log-prob diff each run
+    # reports against the engine, plus fp32 rounding of -A r on each side (the metric sums in float64)
+    d = [results[0].metrics["train/log_prob_abs_diff"], single_metrics["train/log_prob_abs_diff"]]
+    mean_abs_adv = sum(abs(a) for a in batch.advantages) / len(batch.advantages)
+    bound = mean_abs_adv * (sum(d) * 1.01 + 4 * 2.0 ** -24 * (1 + args1.diffusion_clip_range)) + 1e-12
+    assert abs(results[0].metrics["train/loss"] - single_metrics["train/loss"]) <= bound
+    # the same gradient up to rounding: | |g_a| - |g_b| | <= |g_a - g_b|, rounding of terms of size up
+    # to 1e3 |g| (cancellation in backward) at fp32's 6e-8 per operation times a few hundred
+    # operations per element stays below 1e-3 |g|; another gradient (another shard) differs by O(1)
+    assert results[0].metrics["train/grad_norm"] == pytest.approx(single_metrics["train/grad_norm"], rel=1e-3)

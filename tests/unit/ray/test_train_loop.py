@@ -56,6 +56,7 @@ def test_two_sharded_offloaded_rank_runs_keep_parity_exact_repeat_bit_for_bit_an
     # the weights did move: otherwise a zero diff would prove nothing
     assert all(r["train/grad_norm"] > 0 for r in rows)
     assert "eval/reward/raw_mean" not in rows[0] and 0.0 <= rows[1]["eval/reward/raw_mean"] <= 1.0
+    assert rows[1]["eval/num_prompts"] == 2  # --eval-num-prompts of the 16 prompts
     assert "eval/reward/raw_mean" not in rows[2]
     # the initial weights were evaluated before rollout 0 (no --skip-eval-before-train), and only then
     assert 0.0 <= rows[0]["eval_before_train/reward/raw_mean"] <= 1.0

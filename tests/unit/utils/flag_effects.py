@@ -28,6 +28,10 @@ POOL = "tests/unit/rollout/rm_hub/test_reward_pool.py"
 MEM = "tests/unit/utils/test_memory_plan.py"
 FSDP = "tests/unit/backends/test_fsdp.py"
 PUBLIC = "tests/unit/utils/test_public_flags.py"
+TS = "tests/unit/backends/test_train_step_flags.py"  # a real TrainRank train step, in process
+ENG = "tests/unit/rollout/test_sampling_flag_effects.py"  # what an engine built from the flags samples
+PATHS = "tests/unit/backends/test_algorithm_paths.py"  # the algorithms through a real TrainRank
+REF = "tests/unit/backends/test_reference_losses.py"  # against restated reference formulas
 
 FLAG_TESTS = {
     # miles-diffusion's names (miles/utils/public_flags.py): each parses to what the flag it names parses to
@@ -63,20 +67,20 @@ FLAG_TESTS = {
     "--n-samples-per-prompt": f"{R}::test_worked_example_of_the_design_gives_its_counts",
     "--global-batch-size": f"{R}::test_worked_example_of_the_design_gives_its_counts",
     "--num-steps-per-rollout": f"{R}::test_num_steps_per_rollout_derives_the_global_batch_size",
-    "--micro-batch-size": f"{R}::test_flat_micro_batch_must_divide_the_pairs_of_an_optimizer_step",
+    "--micro-batch-size": f"{TS}::test_micro_batch_size_sets_the_pairs_per_backward_pass",
     "--micro-batch-size-sample": f"{R}::test_2d_tile_overrides_the_flat_micro_batch_size",
     "--micro-batch-size-tstep": f"{R}::test_2d_tile_overrides_the_flat_micro_batch_size",
     "--diffusion-train-iter-order": f"{B}::test_2d_tiles_visit_timesteps_first_in_timestep_major_order",
     "--train-dp-split-mode": f"{DP}::test_two_ranks_match_one_rank_and_each_trains_its_own_shard",
     "--num-rollout": f"{LOOP}::test_two_sharded_offloaded_rank_runs_keep_parity_exact_repeat_bit_for_bit_and_eval_on_their_interval",
-    "--num-epoch": f"{R}::test_run_length_is_required",
+    "--num-epoch": f"{TS}::test_lr_decay_style_and_min_lr_shape_the_rate_over_the_whole_run",
     # sampling
     "--diffusion-num-steps": f"{W}::test_sampling_flags_reach_the_engine",
     "--diffusion-num-sde-steps": f"{STEP}::test_all_steps_are_trained_when_num_sde_steps_is_unset",
     "--diffusion-step-strategy-path": f"{STEP}::test_a_dotted_path_names_a_custom_strategy",
     "--diffusion-sde-window-max-start": f"{STEP}::test_sde_window_is_contiguous_and_starts_anywhere_up_to_the_max_start",
-    "--diffusion-noise-level": f"{W}::test_sampling_flags_reach_the_engine",
-    "--diffusion-guidance-scale": f"{W}::test_sampling_flags_reach_the_engine",
+    "--diffusion-noise-level": f"{ENG}::test_noise_level_sets_how_far_the_sde_steps_stray_from_the_ode_step",
+    "--diffusion-guidance-scale": f"{ENG}::test_guidance_scale_mixes_the_unconditional_velocity_into_every_step",
     "--diffusion-guidance-scale-2": f"{R}::test_wan22_needs_guidance_scale_2_when_the_low_noise_expert_trains",
     "--diffusion-height": f"{W}::test_sampling_flags_reach_the_engine",
     "--diffusion-width": f"{W}::test_sampling_flags_reach_the_engine",
@@ -94,7 +98,7 @@ FLAG_TESTS = {
     "--update-weight-target-module": "tests/unit/backends/test_lora_weight_sync.py::"
                                      "test_sync_components_default_to_every_transformer_and_reject_unknown_names",
     "--param-dtype": f"{DT}::test_bf16_compute_keeps_parity_exact_with_fp32_master_weights",
-    "--compute-dtype": f"{DT}::test_bf16_compute_keeps_parity_exact_with_fp32_master_weights",
+    "--compute-dtype": f"{DT}::test_bf16_compute_keeps_parity_exact_with_fp32_master_weights",  # float16: refused
     "--weight-sync": f"{LOOP}::test_skipped_optimizer_steps_keep_parity",
     "--update-weight-buffer-size": f"{LOOP}::test_two_sharded_offloaded_rank_runs_keep_parity_exact_repeat_bit_for_bit_and_eval_on_their_interval",
     "--rollout-dtype": f"{DT}::test_dtype_combinations_without_exact_parity_are_refused_naming_the_fix",
@@ -104,19 +108,29 @@ FLAG_TESTS = {
     "--loss-type": f"{SFT}::test_sft_loss_decreases_on_tiny_sd3",
     "--custom-loss-function-path": f"{L}::test_custom_loss_loads_from_both_path_forms",
     "--advantage-estimator": f"{W}::test_algorithm_flags_reach_the_loss_and_the_advantages",
-    "--diffusion-clip-range": f"{W}::test_clip_range_and_nft_beta_change_the_loss",
+    "--diffusion-clip-range": f"{TS}::test_clip_range_stops_pairs_whose_ratio_already_moved_their_way",
     "--diffusion-adv-clip-max": f"{W}::test_algorithm_flags_reach_the_loss_and_the_advantages",
-    "--diffusion-kl-beta": f"{L}::test_policy_loss_adds_the_kl_to_the_reference",
-    "--diffusion-kl-reference": f"{R}::test_kl_with_a_reference_is_accepted",
+    "--diffusion-kl-beta": f"{TS}::test_kl_beta_pulls_the_second_step_toward_the_reference",
+    "--diffusion-kl-reference": f"{TS}::test_kl_reference_chooses_the_policy_the_kl_is_measured_against",
     "--globalize-reward-mean": f"{W}::test_algorithm_flags_reach_the_loss_and_the_advantages",
     "--globalize-reward-std": f"{W}::test_algorithm_flags_reach_the_loss_and_the_advantages",
     "--nft-beta": f"{W}::test_clip_range_and_nft_beta_change_the_loss",
-    "--use-ema": f"{O}::test_ema_moves_a_decay_fraction_toward_the_weights",
-    "--ema-decay": f"{O}::test_ema_moves_a_decay_fraction_toward_the_weights",
+    "--use-ema": f"{TS}::test_ema_is_kept_at_its_decay_and_saved_with_the_checkpoint",
+    "--ema-decay": f"{TS}::test_ema_is_kept_at_its_decay_and_saved_with_the_checkpoint",
+    "--diffusion-nft-adaptive-weight": f"{L}::test_nft_loss_pulls_the_positive_policy_on_good_and_the_negative_on_bad_samples",
+    "--ema-rollout-policy": f"{PATHS}::test_nft_with_kl_beta_and_ema_computes_the_kl_and_samples_from_the_ramped_old_policy",
+    "--ema-decay-ramp": f"{PATHS}::test_nft_with_kl_beta_and_ema_computes_the_kl_and_samples_from_the_ramped_old_policy",
+    "--ema-decay-init": f"{REF}::test_old_policy_decay_equals_diffusion_nft_return_decay",
+    "--ema-decay-max": f"{REF}::test_old_policy_decay_equals_diffusion_nft_return_decay",
+    "--ema-decay-flat-steps": f"{REF}::test_old_policy_decay_equals_diffusion_nft_return_decay",
+    "--train-uncond-branch": f"{PATHS}::test_the_unconditional_cfg_branch_is_detached_unless_asked",
+    "--keep-zero-advantage-samples": f"{L}::test_zero_advantage_pairs_leave_the_policy_loss_unless_kept",
+    "--lora-init-weights": "tests/unit/backends/test_lora_init.py::test_gaussian_and_kaiming_init_draw_lora_a_from_their_distributions",
+    "--diffusion-timestep-fraction": f"{R}::test_trained_steps_default_to_the_reference_fraction_never_the_terminal_step",
     # optimizer
     "--lr": f"{W}::test_optimizer_flags_reach_adamw",
-    "--min-lr": f"{O}::test_linear_and_cosine_decay_hit_half_way_and_the_floor",
-    "--lr-decay-style": f"{O}::test_linear_and_cosine_decay_hit_half_way_and_the_floor",
+    "--min-lr": f"{TS}::test_lr_decay_style_and_min_lr_shape_the_rate_over_the_whole_run",
+    "--lr-decay-style": f"{TS}::test_lr_decay_style_and_min_lr_shape_the_rate_over_the_whole_run",
     "--lr-warmup-steps": f"{O}::test_warmup_is_linear_then_reaches_the_peak",
     "--adam-beta1": f"{W}::test_optimizer_flags_reach_adamw",
     "--adam-beta2": f"{W}::test_optimizer_flags_reach_adamw",
@@ -127,7 +141,7 @@ FLAG_TESTS = {
     # lora
     "--use-lora": f"{SFT}::test_sft_with_lora_trains_only_adapters",
     "--lora-rank": f"{R}::test_lora_defaults_follow_the_rank_and_the_family",
-    "--lora-alpha": "tests/unit/models/test_loader.py::test_trainer_peft_model_and_engine_lora_give_identical_velocity",
+    "--lora-alpha": f"{TS}::test_lora_alpha_scales_what_the_trained_adapters_add",
     "--lora-target-modules": f"{R}::test_lora_defaults_follow_the_rank_and_the_family",
     # reward
     "--rm-type": f"{SCORE}::test_metadata_rm_type_overrides_the_flag_per_sample",
