@@ -88,7 +88,7 @@ class TrainRank:
         return host, free_ports(1, host)[0]
 
     def setup(self, master_addr: str | None = None, master_port: int | None = None) -> None:
-        from miles.models.loader import load_model
+        from miles.backends.sharded_load import attach_lora_on_meta, materialize_from_checkpoint
         from miles.models.runtime import actor_threads, configure_torch
 
         args = self.args
@@ -97,25 +97,16 @@ class TrainRank:
         self.comm = Collectives(self.device, self.world_size)
         self.comm.init_process_group(self.rank, master_addr, master_port, always=self.sharded)
         param_dtype, compute_dtype = torch_dtype(args.param_dtype), torch_dtype(args.compute_dtype)
-        self.model = load_model(args.hf_checkpoint, family=args.diffusion_model_family, device=self.device,
-                                dtype=param_dtype)
-        # the model forwards run on: the master model itself, or its copy in the compute dtype
-        # (fsdp: the master model, whose all-gathers cast to the compute dtype; miles.backends.fsdp)
-        self.fmodel = self.model if compute_dtype == param_dtype or self.sharded else load_model(
-            args.hf_checkpoint, family=args.diffusion_model_family, device=self.device, dtype=compute_dtype)
+        self._load_models(param_dtype, compute_dtype)
         self._check_expert_phases()
-        sft = args.loss_type == "sft_loss"
-        for model in {id(m): m for m in (self.model, self.fmodel)}.values():
-            if not sft or model is not self.fmodel:  # rollouts carry their conditioning; only SFT encodes prompts
-                # the VAE stays: some families' forwards read its compression ratios (LTX's rope scale)
-                for name in [n for n in model.parts if n.startswith(("text_encoder", "tokenizer"))]:
-                    model.parts[name] = None
-                model.text_encoders = {}
         self.components = sync_components(self.model.spec.transformer_components, args.update_weight_target_module)
         self.lora: LoraSpec | None = lora_spec_from_args(args, self.model.spec)
+        lora_values: dict[str, dict[str, torch.Tensor]] = {}
         for component in self.components:
             module = self.model.transformers[component]
-            if self.lora is not None:
+            if self.lora is not None and self.meta_built:
+                lora_values[component] = attach_lora_on_meta(module, self.lora)
+            elif self.lora is not None:
                 attach_lora(module, self.lora)
             else:
                 module.requires_grad_(True)
@@ -124,12 +115,15 @@ class TrainRank:
         if args.gradient_checkpointing:
             for component in self.components:
                 enable_gradient_checkpointing(self.fmodel.transformers[component], self.model.family, component)
-        if self.world_size > 1:
+        if self.world_size > 1 and not self.meta_built:  # meta-built: every rank reads the same files
             for p in self.params.values():
                 self.comm.broadcast(p.data, src=0)
         if self.sharded:  # after the adapters are in and every rank holds the same weights
             fsdp.shard_model(self.model, self.components, fsdp.device_mesh(self.device, self.world_size),
                              param_dtype, compute_dtype)
+            for component in self.components if self.meta_built else ():
+                materialize_from_checkpoint(self.model.transformers[component], self.model.path / component,
+                                            self.device, lora_values.get(component))
             self.params = self.fparams = self._trained_params()  # sharding made new (DTensor) parameters
         self._sync_compute()
         self.optimizer = build_optimizer(list(self.params.values()), args)
@@ -140,6 +134,32 @@ class TrainRank:
         if self.offload is not None:
             self.offload.offload()  # the engines sample first
         phases.actor_ready(f"train rank {self.rank}")
+
+    def _load_models(self, param_dtype: torch.dtype, compute_dtype: torch.dtype) -> None:
+        """The master model (`self.model`) and the one forwards run on (`self.fmodel`), each loaded
+        straight into its final dtype, with no part it never reads: the text encoders only where
+        SFT encodes prompts (on the forward model). Sharded (fsdp, float32 master), the trained
+        transformers are built on meta and each rank later reads only its own rows
+        (miles.backends.sharded_load); every other part is loaded in the compute dtype, as an
+        engine loads it in the rollout dtype."""
+        from miles.models.loader import TEXT_PARTS, load_model
+        from miles.models.registry import detect_family, get_family
+
+        args = self.args
+        sft = args.loss_type == "sft_loss"
+        load = lambda dtype, **kw: load_model(args.hf_checkpoint, family=args.diffusion_model_family,  # noqa: E731
+                                              device=self.device, dtype=dtype, **kw)
+        self.meta_built = self.sharded and param_dtype == torch.float32
+        if self.meta_built:
+            spec = get_family(args.diffusion_model_family or detect_family(Path(args.hf_checkpoint)))
+            trained = sync_components(spec.transformer_components, args.update_weight_target_module)
+            self.model = self.fmodel = load(compute_dtype, skip=() if sft else TEXT_PARTS,
+                                            empty=dict.fromkeys(trained, param_dtype))
+            return
+        # fsdp: the master model, whose all-gathers cast to the compute dtype (miles.backends.fsdp)
+        same = compute_dtype == param_dtype or self.sharded
+        self.model = load(param_dtype, skip=() if sft and same else TEXT_PARTS)
+        self.fmodel = self.model if same else load(compute_dtype, skip=() if sft else TEXT_PARTS)
 
     @property
     def sharded(self) -> bool:
