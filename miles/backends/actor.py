@@ -225,10 +225,11 @@ class TrainRank:
                                             self.world_size)
         shard = shard_pairs(expand_pairs(self.plan.samples_per_rollout, batch.trained_steps),
                             self.plan.dp_size, self.rank, self.plan.dp_split_mode)
-        probe = _ParityProbe() if args.diffusion_debug_mode else None
+        limit = getattr(args, "diffusion_debug_probe_micro_batches", 0)
+        probe = _ParityProbe(limit) if args.diffusion_debug_mode else None
         if probe is not None:
             # pairs after the first optimizer step would see new weights: check them now
-            for micro in (mb for window in schedule[1:] for mb in window):
+            for micro in probed_later_micro_batches(schedule, limit):
                 with torch.no_grad():
                     self._forward(batch, micro, probe)
         v_old = self._old_velocities(batch, shard) if args.loss_type == "nft" else None
@@ -280,7 +281,7 @@ class TrainRank:
         if before_forward is not None:
             before_forward(ctx)
         step = self._step(ctx, self.fmodel.velocity(x, sigma, cond, guidance, expert))
-        if probe is not None and trajs[0].model_outputs is not None:
+        if probe is not None and probe.wants() and trajs[0].model_outputs is not None:
             stored = torch.stack([t.model_outputs[p.step] for t, p in zip(trajs, pairs)])
             probe.add(step.v.detach().cpu(), stored, step.log_prob.detach().cpu(), old_log_prob.cpu())
         return step, old_log_prob, ctx
@@ -297,7 +298,7 @@ class TrainRank:
         args = self.args
         advantages = torch.tensor([batch.advantages[p.sample] for p in pairs])
         if args.loss_type == "nft":
-            if probe is not None:
+            if probe is not None and probe.wants():
                 with torch.no_grad():
                     self._forward(batch, pairs, probe)
             x_t, target, sigma, cond, guidance, expert = self._renoised(batch, pairs)
@@ -532,11 +533,25 @@ class _StepContext:
     sigma_max: float
 
 
+def probed_later_micro_batches(schedule: list[list[list[Pair]]], limit: int) -> list[list[Pair]]:
+    """The micro-batches after a rollout's first optimizer step that the parity probe re-runs
+    (each an extra no-grad forward). `limit` (--diffusion-debug-probe-micro-batches) is how many
+    micro-batches of a rollout the probe checks, the first optimizer step's first (their forward
+    runs anyway): later ones only for what that step lacks; 0 checks every one. The same
+    positions on every rank, so sharded ranks all-gather alike."""
+    later = [mb for window in schedule[1:] for mb in window]
+    return later[:max(0, limit - len(schedule[0]))] if limit else later
+
+
 class _ParityProbe:
     """Train-side model outputs against the engine's, on the weights that made the rollout."""
 
-    def __init__(self):
+    def __init__(self, limit: int = 0):
         self.abs_sum, self.abs_max, self.count, self.log_prob_max = 0.0, 0.0, 0, 0.0
+        self.limit, self.micro_batches = limit, 0  # limit 0: every micro-batch
+
+    def wants(self) -> bool:
+        return not self.limit or self.micro_batches < self.limit
 
     def add(self, v: torch.Tensor, stored: torch.Tensor, log_prob: torch.Tensor, old_log_prob: torch.Tensor) -> None:
         diff = (v.float() - stored.float()).abs()
@@ -544,4 +559,5 @@ class _ParityProbe:
         self.abs_max = max(self.abs_max, float(diff.max()))
         self.count += diff.numel()
         self.log_prob_max = max(self.log_prob_max, float((log_prob - old_log_prob).abs().max()))
+        self.micro_batches += 1
 
