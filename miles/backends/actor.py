@@ -225,7 +225,7 @@ class TrainRank:
                                             self.world_size)
         shard = shard_pairs(expand_pairs(self.plan.samples_per_rollout, batch.trained_steps),
                             self.plan.dp_size, self.rank, self.plan.dp_split_mode)
-        limit = getattr(args, "diffusion_debug_probe_micro_batches", 0)
+        limit = probe_limit(args)
         probe = _ParityProbe(limit) if args.diffusion_debug_mode else None
         if probe is not None:
             # pairs after the first optimizer step would see new weights: check them now
@@ -531,6 +531,15 @@ class _StepContext:
     noise_level: float
     sde_type: str
     sigma_max: float
+
+
+def probe_limit(args) -> int:
+    """Micro-batches of a rollout the parity probe checks (0: every one). Unset, the CPU tier
+    checks every one and a GPU run one (benchmarks/bench_parity_probe.py: its cost)."""
+    limit = getattr(args, "diffusion_debug_probe_micro_batches", None)
+    if limit is None:
+        return 0 if getattr(args, "device", "cpu") == "cpu" else 1
+    return limit
 
 
 def probed_later_micro_batches(schedule: list[list[list[Pair]]], limit: int) -> list[list[Pair]]:

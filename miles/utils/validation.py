@@ -104,8 +104,8 @@ def _edm_schedule(ns: Namespace, family: FamilyFacts) -> None:
 
 
 def _probe_sampling(ns: Namespace, family: FamilyFacts) -> None:
-    limit = getattr(ns, "diffusion_debug_probe_micro_batches", 0)
-    if limit and not ns.diffusion_debug_mode:
+    limit = getattr(ns, "diffusion_debug_probe_micro_batches", None)
+    if limit is not None and not ns.diffusion_debug_mode:
         raise ConfigError(f"--diffusion-debug-probe-micro-batches {limit} without --diffusion-debug-mode: there is no "
                           f"parity probe to sample; fix: add --diffusion-debug-mode or drop the flag")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from dtype_helpers import engine_for, one_rollout, tiny_args
-from miles.backends.actor import probed_later_micro_batches
+from miles.backends.actor import probe_limit, probed_later_micro_batches
 from miles.utils.batching import rank_schedule
 from miles.utils.batch_rules import ConfigError
 
@@ -46,6 +46,15 @@ def test_the_limit_counts_the_first_steps_micro_batches_before_any_extra_forward
     assert probed_later_micro_batches(schedule, 2) == []  # the first step's two suffice
     assert probed_later_micro_batches(schedule, 3) == [["c"]]
     assert probed_later_micro_batches(schedule, 9) == [["c"], ["d"], ["e"]]
+
+
+def test_unset_the_cpu_tier_checks_every_micro_batch_and_a_gpu_run_one():
+    from argparse import Namespace
+
+    assert probe_limit(Namespace(device="cpu", diffusion_debug_probe_micro_batches=None)) == 0
+    assert probe_limit(Namespace(device="cuda", diffusion_debug_probe_micro_batches=None)) == 1
+    assert probe_limit(Namespace(device="cuda", diffusion_debug_probe_micro_batches=0)) == 0
+    assert probe_limit(Namespace(device="cpu", diffusion_debug_probe_micro_batches=3)) == 3
 
 
 def test_sampling_without_the_probe_is_refused_naming_the_fix(tmp_path):
