@@ -86,3 +86,86 @@ def test_text_encoders_skipped_by_the_loader_hold_no_bytes():
     assert [n for n, p in model.parts.items() if n.startswith(TEXT_PARTS)] and model.text_encoders == {}
     assert all(p is None for n, p in model.parts.items() if n.startswith(TEXT_PARTS))
     assert model.transformers["transformer"] is not None and model.vae is not None
+
+
+class LiveBytes:
+    """Bytes of host tensor storage alive, and their peak, counted at every op that makes a tensor
+    (a TorchDispatchMode; a storage is counted once and uncounted when freed)."""
+
+    def __init__(self):
+        from torch.utils._python_dispatch import TorchDispatchMode
+        from torch.utils._pytree import tree_leaves
+
+        tracker = self
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                out = func(*args, **(kwargs or {}))
+                for t in tree_leaves(out):
+                    if isinstance(t, torch.Tensor) and t.device.type != "meta":
+                        tracker._count(t)
+                return out
+
+        self.mode, self.live, self.peak, self._sizes = Mode(), 0, 0, {}
+
+    def _count(self, tensor: torch.Tensor) -> None:
+        import weakref
+
+        try:  # a wrapper subclass (DTensor) has no storage of its own; its local tensor is counted
+            storage = tensor.untyped_storage()
+            key = storage.data_ptr()
+        except RuntimeError:
+            return
+        if key and key not in self._sizes:
+            self._sizes[key] = storage.nbytes()
+            self.live += self._sizes[key]
+            self.peak = max(self.peak, self.live)
+            weakref.finalize(storage, self._free, key)
+
+    def _free(self, key) -> None:
+        self.live -= self._sizes.pop(key, 0)
+
+
+def _old_load_models(self, param_dtype, compute_dtype):
+    """The load order before issue 25: the whole pipeline in the param dtype, text encoders
+    included, dropped only afterwards; the trained transformer whole until sharded."""
+    args = self.args
+    self.meta_built = False
+    self.model = self.fmodel = load_model(args.hf_checkpoint, family=args.diffusion_model_family,
+                                          device=self.device, dtype=param_dtype)
+    for name in [n for n in self.model.parts if n.startswith(TEXT_PARTS)]:
+        self.model.parts[name] = None
+    self.model.text_encoders = {}
+
+
+def _setup_bytes(run_dir, monkeypatch=None):
+    from fsdp_helpers import fsdp_args
+    from miles.backends.actor import TrainRank
+
+    args, plan = fsdp_args(run_dir, "--rollout-batch-size 4 --num-steps-per-rollout 1 --colocate", RANKS)
+    if monkeypatch is not None:
+        monkeypatch.setattr(TrainRank, "_load_models", _old_load_models)
+    tracker = LiveBytes()
+    with tracker.mode:
+        rank = TrainRank(args, plan, 0, RANKS)
+        rank.setup()
+    return tracker.peak, tracker.live, rank
+
+
+def test_setup_peaks_at_its_steady_state_where_the_old_order_held_the_whole_pipeline(tmp_path, monkeypatch,
+                                                                                         rank_one_of_four):
+    peak, steady, rank = _setup_bytes(tmp_path / "new")
+    old_peak, old_steady, _ = _setup_bytes(tmp_path / "old", monkeypatch)
+    checkpoint, _ = tiny_assets()
+    whole = load_model(checkpoint, dtype=torch.float32)
+    nbytes = lambda tensors: sum(t.numel() * t.element_size() for t in tensors)  # noqa: E731
+    transformer = whole.transformers["transformer"]
+    params, buffers = nbytes(transformer.parameters()), nbytes(transformer.buffers())
+    encoders = sum(nbytes(m.parameters()) for n, m in whole.parts.items() if n.startswith("text_encoder") and m)
+    print(f"setup peak {peak} B (steady {steady}), old order {old_peak} B (steady {old_steady})")
+    assert old_steady == steady  # the same rank in the end
+    # new: beyond the steady state at most one stored buffer read beside the one computed at
+    # build time, and one weight's rows in flight
+    assert peak - steady <= buffers + max(p.numel() * p.element_size() for p in transformer.parameters())
+    # old: the whole float32 transformer (3/4 of it not this rank's) and the text encoders at once
+    assert old_peak - steady >= params * (RANKS - 1) / RANKS + encoders
