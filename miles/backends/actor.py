@@ -89,7 +89,7 @@ class TrainRank:
         return host, free_ports(1, host)[0]
 
     def setup(self, master_addr: str | None = None, master_port: int | None = None) -> None:
-        from miles.models.loader import load_model
+        from miles.backends.sharded_load import attach_lora_on_meta, materialize_from_checkpoint
         from miles.models.runtime import actor_threads, configure_torch
 
         args = self.args
@@ -98,25 +98,16 @@ class TrainRank:
         self.comm = Collectives(self.device, self.world_size)
         self.comm.init_process_group(self.rank, master_addr, master_port, always=self.sharded)
         param_dtype, compute_dtype = torch_dtype(args.param_dtype), torch_dtype(args.compute_dtype)
-        self.model = load_model(args.hf_checkpoint, family=args.diffusion_model_family, device=self.device,
-                                dtype=param_dtype)
-        # the model forwards run on: the master model itself, or its copy in the compute dtype
-        # (fsdp: the master model, whose all-gathers cast to the compute dtype; miles.backends.fsdp)
-        self.fmodel = self.model if compute_dtype == param_dtype or self.sharded else load_model(
-            args.hf_checkpoint, family=args.diffusion_model_family, device=self.device, dtype=compute_dtype)
+        self._load_models(param_dtype, compute_dtype)
         self._check_expert_phases()
-        sft = args.loss_type == "sft_loss"
-        for model in {id(m): m for m in (self.model, self.fmodel)}.values():
-            if not sft or model is not self.fmodel:  # rollouts carry their conditioning; only SFT encodes prompts
-                # the VAE stays: some families' forwards read its compression ratios (LTX's rope scale)
-                for name in [n for n in model.parts if n.startswith(("text_encoder", "tokenizer"))]:
-                    model.parts[name] = None
-                model.text_encoders = {}
         self.components = sync_components(self.model.spec.transformer_components, args.update_weight_target_module)
         self.lora: LoraSpec | None = lora_spec_from_args(args, self.model.spec)
+        lora_values: dict[str, dict[str, torch.Tensor]] = {}
         for component in self.components:
             module = self.model.transformers[component]
-            if self.lora is not None:
+            if self.lora is not None and self.meta_built:
+                lora_values[component] = attach_lora_on_meta(module, self.lora)
+            elif self.lora is not None:
                 attach_lora(module, self.lora)
             else:
                 module.requires_grad_(True)
@@ -125,12 +116,15 @@ class TrainRank:
         if args.gradient_checkpointing:
             for component in self.components:
                 enable_gradient_checkpointing(self.fmodel.transformers[component], self.model.family, component)
-        if self.world_size > 1:
+        if self.world_size > 1 and not self.meta_built:  # meta-built: every rank reads the same files
             for p in self.params.values():
                 self.comm.broadcast(p.data, src=0)
         if self.sharded:  # after the adapters are in and every rank holds the same weights
             fsdp.shard_model(self.model, self.components, fsdp.device_mesh(self.device, self.world_size),
                              param_dtype, compute_dtype)
+            for component in self.components if self.meta_built else ():
+                materialize_from_checkpoint(self.model.transformers[component], self.model.path / component,
+                                            self.device, lora_values.get(component))
             self.params = self.fparams = self._trained_params()  # sharding made new (DTensor) parameters
         self._sync_compute()
         self.optimizer = build_optimizer(list(self.params.values()), args)
@@ -141,6 +135,32 @@ class TrainRank:
         if self.offload is not None:
             self.offload.offload()  # the engines sample first
         phases.actor_ready(f"train rank {self.rank}")
+
+    def _load_models(self, param_dtype: torch.dtype, compute_dtype: torch.dtype) -> None:
+        """The master model (`self.model`) and the one forwards run on (`self.fmodel`), each loaded
+        straight into its final dtype, with no part it never reads: the text encoders only where
+        SFT encodes prompts (on the forward model). Sharded (fsdp, float32 master), the trained
+        transformers are built on meta and each rank later reads only its own rows
+        (miles.backends.sharded_load); every other part is loaded in the compute dtype, as an
+        engine loads it in the rollout dtype."""
+        from miles.models.loader import TEXT_PARTS, load_model
+        from miles.models.registry import detect_family, get_family
+
+        args = self.args
+        sft = args.loss_type == "sft_loss"
+        load = lambda dtype, **kw: load_model(args.hf_checkpoint, family=args.diffusion_model_family,  # noqa: E731
+                                              device=self.device, dtype=dtype, **kw)
+        self.meta_built = self.sharded and param_dtype == torch.float32
+        if self.meta_built:
+            spec = get_family(args.diffusion_model_family or detect_family(Path(args.hf_checkpoint)))
+            trained = sync_components(spec.transformer_components, args.update_weight_target_module)
+            self.model = self.fmodel = load(compute_dtype, skip=() if sft else TEXT_PARTS,
+                                            empty=dict.fromkeys(trained, param_dtype))
+            return
+        # fsdp: the master model, whose all-gathers cast to the compute dtype (miles.backends.fsdp)
+        same = compute_dtype == param_dtype or self.sharded
+        self.model = load(param_dtype, skip=() if sft and same else TEXT_PARTS)
+        self.fmodel = self.model if same else load(compute_dtype, skip=() if sft else TEXT_PARTS)
 
     @property
     def sharded(self) -> bool:
@@ -206,13 +226,14 @@ class TrainRank:
                                             self.world_size)
         shard = shard_pairs(expand_pairs(self.plan.samples_per_rollout, batch.trained_steps),
                             self.plan.dp_size, self.rank, self.plan.dp_split_mode)
-        probe = _ParityProbe() if args.diffusion_debug_mode else None
+        limit = probe_limit(args)
+        probe = _ParityProbe(limit) if args.diffusion_debug_mode else None
         nft = args.loss_type == "nft"
         with self._rollout_policy_weights():  # the weights the engines sampled this rollout with
             if probe is not None:
                 # pairs after the first optimizer step would see new weights: check them now (nft: all
                 # of them, its training forwards run on renoised samples)
-                for micro in (mb for window in schedule[0 if nft else 1:] for mb in window):
+                for micro in probed_extra_micro_batches(schedule, limit, first_window_free=not nft):
                     with torch.no_grad():
                         self._forward(batch, micro, probe)
             v_old = self._old_velocities(batch, shard) if nft else None
@@ -267,7 +288,7 @@ class TrainRank:
             before_forward(ctx)
         velocity = self._train_velocity if train else self.fmodel.velocity
         step = self._step(ctx, velocity(x, sigma, cond, guidance, expert))
-        if probe is not None and trajs[0].model_outputs is not None:
+        if probe is not None and probe.wants() and trajs[0].model_outputs is not None:
             stored = torch.stack([t.model_outputs[p.step] for t, p in zip(trajs, pairs)])
             probe.add(step.v.detach().cpu(), stored, step.log_prob.detach().cpu(), old_log_prob.cpu())
         return step, old_log_prob, ctx
@@ -593,11 +614,37 @@ def _swapped(ema: EMA, params: dict[str, torch.nn.Parameter], sync_compute):
         sync_compute()
 
 
+def probe_limit(args) -> int:
+    """Micro-batches of a rollout the parity probe checks (0: every one). Unset, the CPU tier
+    checks every one and a GPU run one (benchmarks/bench_parity_probe.py: its cost)."""
+    limit = getattr(args, "diffusion_debug_probe_micro_batches", None)
+    if limit is None:
+        return 0 if getattr(args, "device", "cpu") == "cpu" else 1
+    return limit
+
+
+def probed_extra_micro_batches(schedule: list[list[list[Pair]]], limit: int,
+                               first_window_free: bool = True) -> list[list[Pair]]:
+    """The micro-batches the parity probe re-runs as extra no-grad forwards on the rollout's
+    weights. `limit` (--diffusion-debug-probe-micro-batches) is how many micro-batches of a rollout
+    the probe checks, 0 every one. With `first_window_free` the first optimizer step's micro-batches
+    are checked by their own training forward (they run anyway), so only later ones are re-run, for
+    what that step lacks; NFT trains on renoised samples, so every checked micro-batch is re-run.
+    The same positions on every rank, so sharded ranks all-gather alike."""
+    free = len(schedule[0]) if first_window_free else 0
+    extra = [mb for window in schedule[1 if first_window_free else 0:] for mb in window]
+    return extra[:max(0, limit - free)] if limit else extra
+
+
 class _ParityProbe:
     """Train-side model outputs against the engine's, on the weights that made the rollout."""
 
-    def __init__(self):
+    def __init__(self, limit: int = 0):
         self.abs_sum, self.abs_max, self.count, self.log_prob_max = 0.0, 0.0, 0, 0.0
+        self.limit, self.micro_batches = limit, 0  # limit 0: every micro-batch
+
+    def wants(self) -> bool:
+        return not self.limit or self.micro_batches < self.limit
 
     def add(self, v: torch.Tensor, stored: torch.Tensor, log_prob: torch.Tensor, old_log_prob: torch.Tensor) -> None:
         diff = (v.float() - stored.float()).abs()
@@ -605,4 +652,5 @@ class _ParityProbe:
         self.abs_max = max(self.abs_max, float(diff.max()))
         self.count += diff.numel()
         self.log_prob_max = max(self.log_prob_max, float((log_prob - old_log_prob).abs().max()))
+        self.micro_batches += 1
 

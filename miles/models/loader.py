@@ -55,14 +55,18 @@ def _check_shapes(name: str, folder: Path, module: torch.nn.Module) -> None:
             )
 
 
-def _load_component(name: str, library: str, class_name: str, folder: Path, dtype: torch.dtype):
+def _component_class(name: str, library: str, class_name: str):
     # here rather than at import: the trainer's driver imports this module (with the actor classes)
     # and never loads a model; diffusers and transformers take it 2 s to import
     quiet_libraries()
     try:
-        cls = load_callable(f"{library}:{class_name}", f"component {name!r}: class")
+        return load_callable(f"{library}:{class_name}", f"component {name!r}: class")
     except DottedPathError as e:
         raise CheckpointError(str(e)) from e
+
+
+def _load_component(name: str, library: str, class_name: str, folder: Path, dtype: torch.dtype):
+    cls = _component_class(name, library, class_name)
     kwargs = {}
     if issubclass(cls, torch.nn.Module):
         # load straight into the wanted dtype; diffusers and transformers name the argument differently
@@ -78,6 +82,35 @@ def _load_component(name: str, library: str, class_name: str, folder: Path, dtyp
         _check_shapes(name, folder, loaded)
         loaded.eval().requires_grad_(False)
     return loaded
+
+
+def _empty_component(name: str, library: str, class_name: str, folder: Path, dtype: torch.dtype):
+    """The component built from its config.json with every parameter on the meta device (no bytes),
+    its buffers computed on the host as `from_pretrained` computes them: a sharded trainer fills
+    each rank's rows later (miles.backends.sharded_load), so no rank ever holds the whole weights."""
+    cls = _component_class(name, library, class_name)
+    if library != "diffusers" or not hasattr(cls, "from_config"):
+        raise CheckpointError(f"component {name!r} ({library}:{class_name}) cannot be built empty: only a "
+                              f"diffusers model can; load it whole")
+    if dtype != torch.float32 and getattr(cls, "_keep_in_fp32_modules", None):
+        raise CheckpointError(f"component {name!r}: {class_name} keeps some modules in float32 under a lower "
+                              f"dtype; build it empty in float32 only")
+    from accelerate import init_empty_weights
+
+    with init_empty_weights(include_buffers=False):  # what from_pretrained builds before loading
+        module = cls.from_config(cls.load_config(str(folder)))
+    module.to(dtype=dtype)
+    _check_shapes(name, folder, module)
+    return module.eval().requires_grad_(False)
+
+
+def safetensors_index(folder: Path) -> dict[str, Path]:
+    """Tensor name -> the safetensors file under `folder` that stores it."""
+    index = {}
+    for file in sorted(folder.glob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as f:
+            index.update(dict.fromkeys(f.keys(), file))
+    return index
 
 
 def read_scheduler_config(path: Path) -> dict[str, Any]:
@@ -289,8 +322,20 @@ class DiffusionModel:
                 own[target].copy_(value.to(own[target].dtype))
 
 
+# conditioning parts: only prompt encoding reads them (an engine; a trainer only under SFT)
+TEXT_PARTS = ("text_encoder", "tokenizer")
+
+
 def load_model(path: str | Path, family: str | None = None, device: str | torch.device = "cpu",
-               dtype: torch.dtype = torch.float32) -> DiffusionModel:
+               dtype: torch.dtype = torch.float32, *, skip: tuple[str, ...] = (),
+               empty: dict[str, torch.dtype] | None = None) -> DiffusionModel:
+    """The checkpoint's pipeline on `device` in `dtype`.
+
+    `skip`: name prefixes of parts never read (left None, no bytes anywhere), e.g. TEXT_PARTS.
+    `empty`: components built with their parameters on the meta device in the given dtype, for
+    a sharded trainer to fill rank by rank (miles.backends.sharded_load); they stay on the host.
+    """
+    empty = empty or {}
     path = Path(path)
     if not path.is_dir():
         raise CheckpointError(f"checkpoint directory {path} does not exist")
@@ -313,13 +358,19 @@ def load_model(path: str | Path, family: str | None = None, device: str | torch.
             # scheduler object would go unused, and building it imports scipy.stats (1.2 s a process)
             parts[name] = None
             continue
+        if name.startswith(skip) and name not in spec.transformer_components:
+            parts[name] = None
+            continue
         folder = path / name
         if not folder.is_dir():
             raise CheckpointError(f"checkpoint {path} is missing component {name!r}: no folder {folder}")
-        parts[name] = _load_component(name, library, class_name, folder, dtype)
+        if name in empty:
+            parts[name] = _empty_component(name, library, class_name, folder, empty[name])
+        else:
+            parts[name] = _load_component(name, library, class_name, folder, dtype)
     device = torch.device(device)
-    for part in parts.values():
-        if isinstance(part, torch.nn.Module):
+    for name, part in parts.items():
+        if isinstance(part, torch.nn.Module) and name not in empty:
             part.to(device=device)
     boundary = index.get("boundary_ratio", spec.boundary_ratio) if spec.boundary_ratio is not None else None
     return DiffusionModel(spec, parts, path, boundary, device, dtype)

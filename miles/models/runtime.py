@@ -10,9 +10,12 @@ import torch
 CPU_THREADS_PER_ACTOR = 1
 
 
-def actor_threads(device: str) -> int | None:
-    """Torch threads of an engine or train rank on `device`; None leaves torch's own choice."""
-    return CPU_THREADS_PER_ACTOR if device == "cpu" else None
+def actor_threads(device: str) -> int:
+    """Torch threads of an engine or train rank on `device`: the CPU tier's pinned one, or a GPU
+    process's documented host thread count (miles.utils.numerics.GPU_PROCESS_CPU_THREADS)."""
+    from miles.utils.numerics import GPU_PROCESS_CPU_THREADS
+
+    return CPU_THREADS_PER_ACTOR if device == "cpu" else GPU_PROCESS_CPU_THREADS
 
 
 def configure_torch(deterministic: bool = False, num_threads: int | None = None) -> None:

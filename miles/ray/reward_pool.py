@@ -9,12 +9,35 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import numpy as np
+
 from miles.ray import faults
 from miles.ray.placement import REWARD_CPU_PER_WORKER
+from miles.rollout.rm_hub import ocr, pickscore
 from miles.rollout.rm_hub.pool import split_evenly
+from miles.rollout.rm_hub.registry import reward_name
 from miles.rollout.rm_hub.scoring import score_samples
-from miles.rollout.rm_hub.types import RewardError, RewardSample
+from miles.rollout.rm_hub.types import RewardError, RewardSample, pick_frames
 from miles.utils.debug_faults import fire
+
+# Rewards that read a few frames of a video as 8-bit pixels (`frame_to_pil`): they are sent only
+# those frames, already rounded to uint8 exactly as `frame_to_pil` rounds them, so their scores
+# are unchanged and a video crosses as F x 1 byte instead of F x 4 bytes per value. Every other
+# reward (the pixel statistics of `cheap`, a custom one) is sent every frame in float32.
+EIGHT_BIT_FRAMES = {"pickscore": pickscore.VIDEO_FRAMES, "ocr": ocr.VIDEO_FRAMES}
+
+
+def wire_sample(args: Any, sample: RewardSample) -> RewardSample:
+    """What a reward worker is sent for `sample`."""
+    try:
+        count = EIGHT_BIT_FRAMES.get(reward_name(args, sample.metadata or {}))
+    except RewardError:  # the worker names the sample and the reason
+        count = None
+    if count is None:
+        return sample.to_wire()
+    pixels = np.round(pick_frames(sample.frames(), count) * 255.0).astype(np.uint8)
+    return RewardSample(sample.prompt, pixels if sample.is_video else pixels[0], dict(sample.metadata))
+
 
 class RewardWorker:
     """The body of one reward actor: keeps its models loaded between batches."""
@@ -75,7 +98,7 @@ class RewardPool:
         faults.ROSTER.register(self.workers, "reward worker")
 
     def _submit(self, samples: list[RewardSample]) -> list[Any]:
-        wire = [s.to_wire() for s in samples]
+        wire = [wire_sample(self.args, s) for s in samples]
         return [self.workers[part].score.remote(wire[start:stop], start)
                 for part, (start, stop) in enumerate(split_evenly(len(wire), len(self.workers)))]
 

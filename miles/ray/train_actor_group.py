@@ -9,6 +9,7 @@ from miles.backends.lora import LoraSpec
 from miles.backends.train_offload import resident
 from miles.backends.sync_group import SyncGroupAddress, WeightSender
 from miles.backends.weight_buckets import BucketPlan, plan_buckets, send_buckets
+from miles.backends.rollout_shard import rank_shard
 from miles.backends.types import RolloutBatch, TrainResult
 from miles.ray import faults
 from miles.ray.faults import wait_for
@@ -91,6 +92,7 @@ class TrainActorGroup:
 
     def __init__(self, args, plan, placement: PlacementPlan, pg, runtime_env: dict | None = None):
         world_size = len(placement.train)
+        self.plan = plan
         self.sharded = getattr(args, "train_backend", "dp") == "fsdp"  # gathers need every rank
         remote_cls = ray.remote(TrainActor)
         self.actors = [remote_cls.options(**actor_options(pg, slot, runtime_env)).remote(args, plan, rank, world_size)
@@ -108,8 +110,13 @@ class TrainActorGroup:
         return wait_for(refs, actors or self.actors, what)
 
     def train(self, batch: RolloutBatch | ray.ObjectRef) -> list[TrainResult]:
-        batch_ref = batch if isinstance(batch, ray.ObjectRef) else ray.put(batch)
-        return self._get([a.train.remote(batch_ref) for a in self.actors], "train")
+        """A rollout goes out as one shard per rank (miles.backends.rollout_shard): a rank never
+        deserialises the trajectories other ranks train on. Anything else goes whole."""
+        if isinstance(batch, RolloutBatch) and 1 < len(self.actors) == self.plan.dp_size:
+            refs = [ray.put(rank_shard(batch, self.plan, rank)) for rank in range(len(self.actors))]
+        else:
+            refs = [batch if isinstance(batch, ray.ObjectRef) else ray.put(batch)] * len(self.actors)
+        return self._get([a.train.remote(ref) for a, ref in zip(self.actors, refs)], "train")
 
     def weight_update_refs(self) -> list[tuple[str, ray.ObjectRef]]:
         actors = self.actors if self.sharded else self.actors[:1]

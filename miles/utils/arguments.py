@@ -420,6 +420,11 @@ def _checkpoint(parser) -> None:
 def _debug(parser) -> None:
     g = parser.add_argument_group("debug")
     _switch(g, "--diffusion-debug-mode", "engines return every step's model output; log train/rollout parity")
+    g.add_argument("--diffusion-debug-probe-micro-batches", type=non_negative_int, default=None,
+                   help="with --diffusion-debug-mode: the parity probe checks the first N micro-batches of each "
+                        "rollout (0: every one); the first optimizer step's come free with its training forward, "
+                        "a later one costs a no-grad forward on the weights before the step. Unset: every one "
+                        "with --device cpu (the CPU tier), 1 on GPUs (under 2 %% of a train step)")
     _switch(g, "--debug-skip-optimizer-step", "compute losses and grads, never step")
     _switch(g, "--debug-rollout-only", "generate and score, never train")
     _switch(g, "--train-only", "train without rollout engines (sft_loss)")

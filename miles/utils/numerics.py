@@ -28,6 +28,12 @@ from importlib import metadata
 # is also what fits the cores (measured cost in benchmarks/bench_numerics_pinning.py).
 PINNED_THREADS = 1
 
+# A GPU rank or engine computes on its GPU; its host work (the SDE step on the host, decoding
+# frames for the reward, data) runs on this many torch threads, whatever OMP_NUM_THREADS the CPU
+# pins above gave the job: one thread there starves it. A fixed count, not the core count, so the
+# host's reductions split the same way on every node (engines and ranks use the same count).
+GPU_PROCESS_CPU_THREADS = 4
+
 PINNED_ENV: dict[str, str] = {
     # torch's own vectorised kernels (ATen): the AVX2 build even where AVX-512 exists
     "ATEN_CPU_CAPABILITY": "avx2",

@@ -125,7 +125,8 @@ def has_rollout_engines(ns: Namespace) -> bool:
 def check_cross_flag_rules(ns: Namespace, family: FamilyFacts) -> None:
     for rule in (_run_length, _checkpointing, _lora_flags, _run_modes, _kl_reference, _reward_source,
                  _dotted_paths, _prompt_data, _learning_rates, _microgroups, _target_modules, _dtypes,
-                 _unimplemented_values, _gpu_memory, _edm_schedule, _weight_sync, _offload, _algorithm_flags):
+                 _unimplemented_values, _gpu_memory, _edm_schedule, _weight_sync, _offload, _algorithm_flags,
+                 _probe_sampling):
         rule(ns, family)
 
 
@@ -143,6 +144,13 @@ def _edm_schedule(ns: Namespace, family: FamilyFacts) -> None:
                           f"but {family.name}'s schedule holds it at sigma_min (a step of length 0, no SDE noise); "
                           f"fix: end the trained steps earlier (e.g. a smaller --diffusion-sde-window-max-start) or "
                           f"raise --diffusion-num-steps")
+
+
+def _probe_sampling(ns: Namespace, family: FamilyFacts) -> None:
+    limit = getattr(ns, "diffusion_debug_probe_micro_batches", None)
+    if limit is not None and not ns.diffusion_debug_mode:
+        raise ConfigError(f"--diffusion-debug-probe-micro-batches {limit} without --diffusion-debug-mode: there is no "
+                          f"parity probe to sample; fix: add --diffusion-debug-mode or drop the flag")
 
 
 def _weight_sync(ns: Namespace, family: FamilyFacts) -> None:

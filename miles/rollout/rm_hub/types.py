@@ -19,6 +19,8 @@ class RewardError(RuntimeError):
 
 
 def _to_numpy(image: Any) -> np.ndarray:
+    if isinstance(image, np.ndarray) and image.dtype == np.uint8:  # 8-bit pixels (miles.ray.reward_pool)
+        return image.astype(np.float32) / np.float32(255.0)
     if hasattr(image, "detach"):  # a torch tensor; checked by duck type so torch stays optional here
         image = image.detach().to("cpu").float().numpy()
     return np.asarray(image, dtype=np.float32)
@@ -28,7 +30,8 @@ def _to_numpy(image: Any) -> np.ndarray:
 class RewardSample:
     """A prompt and its generated image `[3, H, W]` or video `[F, 3, H, W]`, values in [0, 1].
 
-    `image` may be a numpy array or a torch tensor (any device, any float dtype).
+    `image` may be a numpy array or a torch tensor (any device, any float dtype), or uint8
+    pixels (0..255, read as value / 255).
     """
 
     prompt: str

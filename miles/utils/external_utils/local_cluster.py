@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from miles.utils.external_utils.launch_mode import is_dry_run
+from miles.utils.external_utils.multinode import LoopbackHeadError, check_worker_head
 from miles.utils.external_utils.processes import (
     TERM_GRACE_S,
     LaunchRecord,
@@ -157,8 +158,17 @@ def start_ray_worker(
     """Join the Ray head at `head_address` (host:gcs_port) as another node and block.
 
     Returns 0 when interrupted (Ctrl-C / SIGTERM) or when the head goes away, 1 if our own node
-    died; either way the node this call started is ended before returning.
+    died; either way the node this call started is ended before returning. A loopback head is
+    refused (2) unless every node runs on this host (multinode.SINGLE_HOST_ENV); a dry run only
+    says so.
     """
+    try:
+        check_worker_head(head_address)
+    except LoopbackHeadError as err:
+        if not is_dry_run():
+            print(f"error: {err}", file=sys.stderr, flush=True)
+            return 2
+        print(f"note: a real worker would refuse: {err}", file=sys.stderr, flush=True)
     node_ip = node_ip or _loopback_if_head_is(head_address)
     token = new_token()
     ports = RayPorts() if is_dry_run() else RayPorts.allocate(node_ip or "0.0.0.0")

@@ -54,6 +54,7 @@ from miles.utils.external_utils.launch_mode import (
     is_external_ray,
 )
 from miles.utils.external_utils.local_cluster import HEAD_ROLE, end_recorded_run, start_node, stop_node
+from miles.utils.external_utils.multinode import LoopbackHeadError, check_head_address
 from miles.utils.external_utils.plan import LaunchPlan
 from miles.utils.external_utils.processes import RECIPE_COMMANDS, LaunchRecord, new_token, print_exec
 from miles.utils.external_utils.ray_cluster import (
@@ -228,6 +229,8 @@ def _plan_launch(
     address, address_from = _job_server_address(external)
     token = new_token()
     node = None if external else _head_spec(token, num_gpus_per_node, dry, ray_head_port)
+    if node is not None:
+        _refuse_loopback_head(config.num_nodes, node.node_ip, dry)
     # Ray's runtime-env agent writes the runtime env, values included, to its log file. On a head
     # of our own, secrets therefore reach the job through the raylet's inherited environment
     # instead; an external cluster leaves the runtime env as the only way in.
@@ -288,6 +291,16 @@ def _job_server_address(external: bool) -> tuple[str | None, str]:
         print(f"note: ignoring {RAY_ADDRESS_ENV}={inherited}: this launcher submits only to the head it starts "
               f"(for an existing cluster set MILES_SCRIPT_EXTERNAL_RAY=1)", file=sys.stderr, flush=True)
     return None, "own head"
+
+
+def _refuse_loopback_head(num_nodes: int, head_host: str, dry: bool) -> None:
+    """Refused before the head starts; a dry run shows the plan and says a real launch would stop."""
+    try:
+        check_head_address(num_nodes, head_host)
+    except LoopbackHeadError as err:
+        if not dry:
+            raise LaunchError(str(err)) from None
+        print(f"note: a real launch would be refused: {err}", file=sys.stderr, flush=True)
 
 
 def _refuse_too_few_devices(cuda_visible_devices: str, num_gpus_per_node: int) -> None:

@@ -34,6 +34,7 @@ def train_script(tmp_path):
 
 def _start(argv, log, **env):
     environ = {k: v for k, v in os.environ.items() if not k.startswith("MILES_SCRIPT_") and k != "WANDB_API_KEY"}
+    environ["MILES_SINGLE_HOST_CLUSTER"] = "1"  # head and worker on this one host, on loopback
     environ.update(env)
     return subprocess.Popen([sys.executable, str(RECIPE), *argv], stdout=log.open("w"), stderr=subprocess.STDOUT,
                             env=environ, start_new_session=True)

@@ -1,0 +1,69 @@
+"""--diffusion-debug-probe-micro-batches: the parity probe's extra forwards, sampled."""
+
+from __future__ import annotations
+
+import pytest
+
+from dtype_helpers import engine_for, one_rollout, tiny_args
+from miles.backends.actor import probe_limit, probed_extra_micro_batches
+from miles.utils.batching import rank_schedule
+from miles.utils.batch_rules import ConfigError
+
+# two optimizer steps per rollout (TINY), one pair per forward: the second step's micro-batches
+# are the ones the probe must re-run before the first step changes the weights
+ONE_PAIR = "--micro-batch-size 1"
+
+
+def _forwards_and_metrics(args, plan, batch):
+    from miles.backends.actor import TrainRank
+
+    rank = TrainRank(args, plan, 0, 1)
+    rank.setup()
+    calls = []
+    velocity = rank.fmodel.velocity
+    rank.fmodel.velocity = lambda *a, **kw: calls.append(1) or velocity(*a, **kw)
+    metrics = rank.train(batch).metrics
+    return len(calls), {k: v for k, v in metrics.items() if not k.startswith("perf/")}
+
+
+def test_sampling_one_micro_batch_saves_the_other_probe_forwards_and_changes_no_metric(tmp_path):
+    args, plan = tiny_args(tmp_path / "every", ONE_PAIR)
+    sampled_args, _ = tiny_args(tmp_path / "one", f"{ONE_PAIR} --diffusion-debug-probe-micro-batches 1")
+    batch = one_rollout(args, 0, engine_for(args))  # the flag changes nothing the engines do
+    later = len(probed_extra_micro_batches(rank_schedule(plan, batch.trained_steps, 0), 0))
+    every_calls, every = _forwards_and_metrics(args, plan, batch)
+    one_calls, sampled = _forwards_and_metrics(sampled_args, plan, batch)
+    # one micro-batch per rollout: the first step's first, on its training forward; no extra forward
+    assert later >= 2 and every_calls - one_calls == later
+    assert sampled["train/model_output_max_abs_diff"] == 0.0 and sampled["train/log_prob_abs_diff"] == 0.0
+    # the probe's forwards are no-grad on the weights before the step: training is the same
+    assert sampled["train/loss"] == every["train/loss"] and sampled["train/grad_norm"] == every["train/grad_norm"]
+
+
+def test_the_limit_counts_the_first_steps_micro_batches_before_any_extra_forward():
+    schedule = [[["a"], ["b"]], [["c"], ["d"]], [["e"]]]
+    assert probed_extra_micro_batches(schedule, 0) == [["c"], ["d"], ["e"]]
+    assert probed_extra_micro_batches(schedule, 2) == []  # the first step's two suffice
+    assert probed_extra_micro_batches(schedule, 3) == [["c"]]
+    assert probed_extra_micro_batches(schedule, 9) == [["c"], ["d"], ["e"]]
+
+
+def test_unset_the_cpu_tier_checks_every_micro_batch_and_a_gpu_run_one():
+    from argparse import Namespace
+
+    assert probe_limit(Namespace(device="cpu", diffusion_debug_probe_micro_batches=None)) == 0
+    assert probe_limit(Namespace(device="cuda", diffusion_debug_probe_micro_batches=None)) == 1
+    assert probe_limit(Namespace(device="cuda", diffusion_debug_probe_micro_batches=0)) == 0
+    assert probe_limit(Namespace(device="cpu", diffusion_debug_probe_micro_batches=3)) == 3
+
+
+def test_sampling_without_the_probe_is_refused_naming_the_fix(tmp_path):
+    from dtype_helpers import TINY, tiny_assets
+    from miles.utils.arguments import parse_and_plan
+
+    checkpoint, prompts = tiny_assets()
+    argv = (f"--hf-checkpoint {checkpoint} --prompt-data {prompts} --run-dir {tmp_path} {TINY} "
+            "--actor-num-gpus-per-node 1 --num-gpus-per-node 2 --diffusion-debug-probe-micro-batches 1").split()
+    argv.remove("--diffusion-debug-mode")
+    with pytest.raises(ConfigError, match="--diffusion-debug-probe-micro-batches 1 without --diffusion-debug-mode.*fix"):
+        parse_and_plan(argv)
