@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from argparse import Namespace
+
 import ray
 
 from miles.backends.actor import TrainRank, torch_dtype
@@ -12,7 +14,7 @@ from miles.backends.weight_buckets import BucketPlan, plan_buckets, send_buckets
 from miles.backends.types import RolloutBatch, TrainResult
 from miles.ray import faults
 from miles.ray.faults import wait_for
-from miles.utils.debug_faults import fire
+from miles.utils.debug_faults import fire, missing_checkpoint
 from miles.ray.placement import PlacementPlan, actor_options
 from miles.utils.ports import free_ports
 
@@ -53,6 +55,10 @@ class TrainActor(TrainRank):
     def setup_at(self, master: tuple[str, int]) -> None:
         """`setup` with rank 0's (address, port) as one argument: the driver hands over the ref to
         rank 0's answer, so the ranks set up without the driver waiting for it."""
+        if self.rank == self.world_size - 1 and getattr(self.args, "debug_fault", None):
+            broken = missing_checkpoint(self.args, "train-setup")  # --debug-fault train-setup@0 (the fault suite)
+            if broken is not None:
+                self.args = Namespace(**{**vars(self.args), "hf_checkpoint": broken})
         self.setup(*master)
 
     # fault injection (--debug-fault, miles.utils.debug_faults): armed by the driver, carried out here
@@ -95,8 +101,10 @@ class TrainActorGroup:
         remote_cls = ray.remote(TrainActor)
         self.actors = [remote_cls.options(**actor_options(pg, slot, runtime_env)).remote(args, plan, rank, world_size)
                        for rank, slot in enumerate(placement.train)]
+        faults.watch_creation(self.actors, "train rank")
         master = self.actors[0].master_address.remote()
         self._setup = [a.setup_at.remote(master) for a in self.actors]
+        faults.watch_calls(self._setup, self.actors, "setup")
 
     def wait_ready(self) -> "TrainActorGroup":
         self._get(self._setup, "setup")
@@ -133,6 +141,7 @@ class TrainActorGroup:
         return states[rank] if self.sharded else states[0]
 
     def shutdown(self) -> None:
+        faults.WATCH.forget(self.actors)
         for actor in self.actors:
             ray.kill(actor)
         self.actors = []
