@@ -90,7 +90,7 @@ def train(args: Namespace, plan: BatchPlan) -> int:
     from miles.ray import faults
     from miles.utils.run_logging import MetricsLogger, Progress, init_wandb, log, plot_curves, save_image_grid, write_run_json
     from miles.backends.sft import SFTSource
-    from miles.ray.placement import create_placement_group, layout_requests, plan_placement
+    from miles.ray.placement import place_run
     from miles.ray.rollout_manager import RolloutManager
     from miles.ray.train_actor_group import TrainActorGroup
     from miles.ray.weight_sync_group import connect_weight_sync
@@ -105,9 +105,7 @@ def train(args: Namespace, plan: BatchPlan) -> int:
         ray.init()
     faults.configure(args)
     refuse_foreign_checkpoints(args)
-    placement = plan_placement(args, ray.cluster_resources().get("CPU"))
-    pg = create_placement_group(placement, layout_requests(args, placement), expected_nodes=args.num_nodes,
-                                timeout_s=args.placement_timeout_s)
+    placement, pg = place_run(args)  # waits for --num-nodes nodes; refuses a layout they can never hold
     trainer = None if args.debug_rollout_only else TrainActorGroup(args, plan, placement, pg, runtime_env)
     # sft_loss (--train-only): dataset items stand in for rollouts; no engines, no rewards, no weight pushes
     sft = args.loss_type == "sft_loss"

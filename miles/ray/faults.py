@@ -352,11 +352,12 @@ def wait_for(refs: Sequence[Any], actors: Sequence[Any], what: str, *, deadlines
                              f"no answer to {what} within {timeout:.1f}s (deadline {deadlines.explain(what)}; "
                              f"still waiting on: {stuck})", INFRASTRUCTURE, pid=member.pid, what=what,
                              rollout_id=CURRENT_ROLLOUT[0])
-        watched = WATCH.refs(excluding=pending)
+        watched = WATCH.refs(excluding=refs)
         ready, _ = ray.wait(pending + watched, num_returns=1, timeout=left)
         for ref in ready:
             if ref in owner:
                 pending.remove(ref)
+                WATCH.pending.pop(ref, None)  # a watched call this wait answers itself
                 try:
                     results[ref] = ray.get(ref)
                 except Exception as err:
@@ -382,6 +383,19 @@ def wait_ready(ref: Any, timeout: float) -> bool:
             WATCH.settle(other)
         if not ready or left <= 0:
             return False
+
+
+def watchful_sleep(seconds: float) -> None:
+    """Sleep `seconds`, but a watched failure meanwhile raises at once."""
+    import ray
+
+    watched = WATCH.refs()
+    if not watched:
+        time.sleep(max(0.0, seconds))
+        return
+    ready, _ = ray.wait(watched, num_returns=1, timeout=max(0.0, seconds))
+    for ref in ready:
+        WATCH.settle(ref)
 
 
 # -- non-finite numbers -------------------------------------------------------------------------

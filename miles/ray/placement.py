@@ -40,6 +40,44 @@ def alive_nodes() -> list[NodeOffer]:
             for n in ray.nodes() if n.get("Alive")]
 
 
+def place_run(args, say=print):
+    """The driver's placement: wait for the nodes the job expects (`--num-nodes`), plan the layout
+    on them, reserve it. Returns (plan, placement group); both waits end by --placement-timeout-s."""
+    import ray
+
+    deadline = time.monotonic() + args.placement_timeout_s
+    wait_for_nodes(args.num_nodes, args.placement_timeout_s, say=say)
+    plan = plan_placement(args, ray.cluster_resources().get("CPU"))
+    left = max(1.0, deadline - time.monotonic())
+    return plan, create_placement_group(plan, layout_requests(args, plan), expected_nodes=args.num_nodes,
+                                        timeout_s=left, say=say)
+
+
+def wait_for_nodes(expected: int, timeout_s: float, *, progress_every_s: float = PROGRESS_EVERY_S, say=print) -> None:
+    """Until `expected` nodes are alive: a job laid out for N nodes is planned on all of them.
+    A progress line every `progress_every_s`; faults.PlacementFailure after `timeout_s`."""
+    from miles.ray import faults
+
+    start = time.monotonic()
+    next_note = start  # the first line at once: the wait is news
+    waited_for = False
+    while len(nodes := alive_nodes()) < expected:
+        waited_for = True
+        waited = time.monotonic() - start
+        alive = "; ".join(n.show() for n in nodes) or "none"
+        if waited >= timeout_s:
+            raise faults.PlacementFailure(f"the job expects {expected} node(s) (--num-nodes) and only {len(nodes)} "
+                                          f"joined within --placement-timeout-s {timeout_s:g} (alive: {alive})",
+                                          faults.INFRASTRUCTURE, _head())
+        if time.monotonic() >= next_note:
+            say(f"placement: waiting {waited:.0f}s of {timeout_s:g}s (--placement-timeout-s) for nodes: the job expects "
+                f"{expected} (--num-nodes), {len(nodes)} alive ({alive})", flush=True)
+            next_note += progress_every_s
+        faults.watchful_sleep(min(_POLL_S, timeout_s - waited))
+    if waited_for:
+        say(f"placement: {len(nodes)} node(s) alive after {time.monotonic() - start:.0f}s; placing the run", flush=True)
+
+
 def create_placement_group(plan: PlacementPlan, requests: list[Request] | None = None, *, expected_nodes: int = 1,
                            timeout_s: float = 600.0, progress_every_s: float = PROGRESS_EVERY_S,
                            say=print):
