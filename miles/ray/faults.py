@@ -312,6 +312,9 @@ def _failure_of(err: Exception, actor: Any, what: str) -> Exception:
     member = ROSTER.of(actor)
     if _is_infrastructure(err):
         return actor_failure(err, member, what)
+    place = _CREATION_PLACE.search(_ANSI.sub("", str(err)))
+    if place and not member.node:  # raised before the roster located it (set-up): Ray's error says where
+        member = Member(member.role, member.rank, place.group(2).strip(), int(place.group(1)))
     try:  # an exception of ours inside the actor: keep its type, remember who raised it
         err.miles_member, err.miles_what = member, what
     except AttributeError:
@@ -513,6 +516,19 @@ def args_per_engine(args: Any, n: int) -> list:
     from argparse import Namespace
 
     return [args] * (n - 1) + [Namespace(**{**vars(args), "hf_checkpoint": broken})]
+
+
+def args_for_setup(args: Any, rank: int, world_size: int) -> Any:
+    """A train rank's flags for its set-up: `args`, except with `--debug-fault train-setup@0` the
+    last rank's checkpoint directory does not exist (its set-up raises CheckpointError)."""
+    if rank != world_size - 1 or not getattr(args, "debug_fault", None):
+        return args
+    broken = missing_checkpoint(args, "train-setup")
+    if broken is None:
+        return args
+    from argparse import Namespace
+
+    return Namespace(**{**vars(args), "hf_checkpoint": broken})
 
 
 def arm(actor: Any, kind: str) -> None:

@@ -42,15 +42,13 @@ def alive_nodes() -> list[NodeOffer]:
 
 def place_run(args, say=print):
     """The driver's placement: wait for the nodes the job expects (`--num-nodes`), plan the layout
-    on them, reserve it. Returns (plan, placement group); both waits end by --placement-timeout-s."""
+    on them, reserve it. Returns (plan, placement group); each wait ends by --placement-timeout-s."""
     import ray
 
-    deadline = time.monotonic() + args.placement_timeout_s
     wait_for_nodes(args.num_nodes, args.placement_timeout_s, say=say)
     plan = plan_placement(args, ray.cluster_resources().get("CPU"))
-    left = max(1.0, deadline - time.monotonic())
     return plan, create_placement_group(plan, layout_requests(args, plan), expected_nodes=args.num_nodes,
-                                        timeout_s=left, say=say)
+                                        timeout_s=args.placement_timeout_s, say=say)
 
 
 def wait_for_nodes(expected: int, timeout_s: float, *, progress_every_s: float = PROGRESS_EVERY_S, say=print) -> None:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from argparse import Namespace
-
 import ray
 
 from miles.backends.actor import TrainRank, torch_dtype
@@ -14,7 +12,7 @@ from miles.backends.weight_buckets import BucketPlan, plan_buckets, send_buckets
 from miles.backends.types import RolloutBatch, TrainResult
 from miles.ray import faults
 from miles.ray.faults import wait_for
-from miles.utils.debug_faults import fire, missing_checkpoint
+from miles.utils.debug_faults import fire
 from miles.ray.placement import PlacementPlan, actor_options
 from miles.utils.ports import free_ports
 
@@ -55,10 +53,7 @@ class TrainActor(TrainRank):
     def setup_at(self, master: tuple[str, int]) -> None:
         """`setup` with rank 0's (address, port) as one argument: the driver hands over the ref to
         rank 0's answer, so the ranks set up without the driver waiting for it."""
-        if self.rank == self.world_size - 1 and getattr(self.args, "debug_fault", None):
-            broken = missing_checkpoint(self.args, "train-setup")  # --debug-fault train-setup@0 (the fault suite)
-            if broken is not None:
-                self.args = Namespace(**{**vars(self.args), "hf_checkpoint": broken})
+        self.args = faults.args_for_setup(self.args, self.rank, self.world_size)  # --debug-fault train-setup@0
         self.setup(*master)
 
     # fault injection (--debug-fault, miles.utils.debug_faults): armed by the driver, carried out here

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 import time
 from pathlib import Path
@@ -94,7 +95,7 @@ def _remove_ray_temp_dir(out: Path) -> None:
 
 @pytest.mark.parametrize("fault,who,during", [
     ("engine-init@0", "rollout engine ", "failed during start"),
-    ("train-setup@0", "train rank 1 ", "failed during setup"),
+    ("train-setup@0", "train rank ", "failed during setup"),
 ], ids=["engine-raises-in-init", "train-rank-raises-in-setup"])
 def test_an_actor_that_raises_at_start_up_ends_the_run_at_once_naming_it_and_is_not_restarted(runs, fault, who,
                                                                                                 during):
@@ -103,7 +104,8 @@ def test_an_actor_that_raises_at_start_up_ends_the_run_at_once_naming_it_and_is_
     assert run.returncode not in (0, None) and not run.timed_out, run.report()
     line = last_line(run)
     assert line.startswith("error: the training job failed"), run.report(f"last line: {line}")
-    for word in (who, "(node ", during, "CheckpointError: checkpoint directory", "no-such-checkpoint",
+    assert re.search(r"\(node \d+\.\d+\.\d+\.\d+, pid \d+\) " + during, line), run.report(f"no node and pid: {line}")
+    for word in (who, during, "CheckpointError: checkpoint directory", "no-such-checkpoint",
                  "does not exist [deterministic]", "no committed checkpoint"):
         assert word in line, run.report(f"{word!r} missing from the last line: {line}")
     assert "resume" not in line and "Traceback" not in line  # no checkpoint; the traceback is in the job log

@@ -380,10 +380,11 @@ def _run_launch(
                     print(f"Ray head up on {launch.node.node_ip}: job server {launch.node.job_server_url}, GCS "
                           f"{launch.node.gcs_address}; Ray's own output is in {launcher_log}", flush=True)
                 restarts.set_aside_failure(run_dir, len(attempts) - 1)
+                job_causes: list[str] = []
                 watch = _watch_head(launch, record)
                 try:
                     with watch:
-                        status = _submit_when_ready(launch, config, hook, cluster_wait_timeout)
+                        status = _submit_when_ready(launch, config, hook, cluster_wait_timeout, job_causes)
                 except Exception:
                     if watch.cause is None:
                         raise
@@ -398,8 +399,8 @@ def _run_launch(
                     attempt.cause, attempt.kind = attempt.failure.get("line"), attempt.failure.get("kind")
                 elif status == INTERRUPTED_EXIT_CODE:
                     attempt.cause, attempt.kind = _interrupted_cause(), "interrupted"
-                elif _JOB_CAUSES and _JOB_CAUSES[-1]:
-                    attempt.cause = _JOB_CAUSES[-1]
+                elif job_causes and job_causes[-1]:
+                    attempt.cause = job_causes[-1]
                 if status == 0 or not restarts.restartable(attempt) or len(attempts) > config.max_restarts:
                     break
                 launch, record = _restart(launch, record, config, attempts, save)
@@ -504,8 +505,11 @@ def _results_line(launch: _Launch) -> str:
 
 
 def _submit_when_ready(
-    launch: _Launch, config: ExecuteTrainConfig, hook: Callable[..., Any] | None, cluster_wait_timeout: float
+    launch: _Launch, config: ExecuteTrainConfig, hook: Callable[..., Any] | None, cluster_wait_timeout: float,
+    causes: list[str] | None = None,
 ) -> int:
+    """Submit once the cluster is ready; the job's own error line, if it fails without a failure
+    record, goes to `causes` (the launcher's last line carries it: the error prints once)."""
     if config.num_nodes > 1:
         # nodes only: a node registers with all its GPUs at once, and GPU counts may differ per
         # node (a reward node); a recipe that needs a GPU total waits for it in its hook
@@ -517,10 +521,7 @@ def _submit_when_ready(
         _refuse_layout_the_cluster_cannot_hold(launch)
     print_exec(redact_text(launch.job.display_command(), launch.secrets))
     phases.mark("job_submit")
-    return submit_and_follow(launch.job, Path(launch.plan.run_dir) / JOB_LOG, launch.secrets, _JOB_CAUSES)
-
-
-_JOB_CAUSES: list[str] = []  # the job's own last error line, when it left no failure record
+    return submit_and_follow(launch.job, Path(launch.plan.run_dir) / JOB_LOG, launch.secrets, causes)
 
 
 def _call_hook(hook: Callable[..., Any], cluster: ClusterInfo) -> None:

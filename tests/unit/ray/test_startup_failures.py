@@ -188,3 +188,19 @@ def test_placement_timeout_s_ends_the_drivers_wait_for_a_busy_cluster(local_ray,
     finally:
         remove_placement_group(holder)
     assert 2 <= time.monotonic() - began < 15
+
+
+def test_an_exception_raised_before_the_roster_located_the_actor_is_placed_by_rays_error_text():
+    class Raised(Exception):  # stands for Ray's RayTaskError of a method (here: the set-up)
+        pass
+
+    err = Raised("ray::TrainActor.setup_at() (pid=4242, ip=10.0.0.9, actor_id=ab, repr=<x>)\n  File ...\n"
+                 "CheckpointError: checkpoint directory /x does not exist")
+    actor = type("Handle", (), {"_actor_id": type("Id", (), {"hex": lambda self: "feed"})()})()
+    faults.ROSTER.members["feed"] = faults.Member("train rank", 1)
+    try:
+        tagged = faults._failure_of(err, actor, "setup")
+    finally:
+        del faults.ROSTER.members["feed"]
+    failure = faults.classify(tagged)
+    assert failure.line().startswith("train rank 1 (node 10.0.0.9, pid 4242) failed during setup: ")
