@@ -38,7 +38,8 @@ def report_failure(args: Namespace, err: BaseException) -> int:
     from pathlib import Path
 
     text = "".join(traceback.format_exception(err))
-    detail = getattr(err, "detail", "")  # an actor's own traceback (its constructor raised): for the job log
+    # an actor's own traceback (its constructor or a call raised): for the job log, above the one line
+    detail = getattr(err, "detail", "") or (str(err) if getattr(err, "miles_member", None) is not None else "")
     if detail:
         text += f"\nthe actor's traceback:\n{detail}\n"
         print(detail, file=sys.stderr, flush=True)
