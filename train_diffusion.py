@@ -38,6 +38,11 @@ def report_failure(args: Namespace, err: BaseException) -> int:
     from pathlib import Path
 
     text = "".join(traceback.format_exception(err))
+    # an actor's own traceback (its constructor or a call raised): for the job log, above the one line
+    detail = getattr(err, "detail", "") or (str(err) if getattr(err, "miles_member", None) is not None else "")
+    if detail:
+        text += f"\nthe actor's traceback:\n{detail}\n"
+        print(detail, file=sys.stderr, flush=True)
     cause = err
     while getattr(cause, "cause", None) is not None and cause.cause is not cause:  # Ray wraps the actor's error
         cause = cause.cause
@@ -88,7 +93,7 @@ def train(args: Namespace, plan: BatchPlan) -> int:
     from miles.utils import checkpoint_identity as identity
     from miles.utils.run_logging import MetricsLogger, Progress, init_wandb, log, plot_curves, save_image_grid, write_run_json
     from miles.backends.sft import SFTSource
-    from miles.ray.placement import create_placement_group, plan_placement
+    from miles.ray.placement import place_run
     from miles.ray.rollout_manager import RolloutManager
     from miles.ray.train_actor_group import TrainActorGroup
     from miles.ray.weight_sync_group import connect_weight_sync
@@ -103,8 +108,7 @@ def train(args: Namespace, plan: BatchPlan) -> int:
     if not ray.is_initialized():
         ray.init(address=_job_ray_address())
     faults.configure(args)
-    placement = plan_placement(args, ray.cluster_resources().get("CPU"))
-    pg = create_placement_group(placement)
+    placement, pg = place_run(args)  # waits for --num-nodes nodes; refuses a layout they can never hold
     trainer = None if args.debug_rollout_only else TrainActorGroup(args, plan, placement, pg, runtime_env)
     # sft_loss (--train-only): dataset items stand in for rollouts; no engines, no rewards, no weight pushes
     sft = args.loss_type == "sft_loss"

@@ -9,6 +9,12 @@ Every `ray.get` the driver does on an actor goes through `wait_for(refs, actors,
 - an actor that died, or did not answer in time, becomes a `RunFailure` naming the role, rank,
   node and pid (from the `ROSTER`) and the cause as Ray reported it.
 
+Every actor is watched from the moment it is created (`watch_creation`): each wait also listens
+for the constructors of actors not yet known to be up, and for calls started in the background
+(`watch_calls`: the train ranks' set-up), so a constructor that raises (a missing checkpoint) ends
+the run at once, from whatever wait the driver is in, instead of leaving it waiting on something
+else (a reward worker that cannot be placed because the dead engine's run never freed anything).
+
 `RunFailure.kind` says whether an automatic restart may help (`infrastructure`: an actor or node
 died, a deadline passed) or not (`deterministic`: an exception of ours, a NaN). The driver writes
 the failure to `<run_dir>/failure.json`; the launcher turns it into its last line and decides on a
@@ -23,12 +29,13 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from miles.utils.debug_faults import FAULT_KINDS, _arm, fault_due, parse_fault
+from miles.utils.debug_faults import FAULT_KINDS, START_KINDS, _arm, fault_due, missing_checkpoint, parse_fault
 
 INFRASTRUCTURE = "infrastructure"
 DETERMINISTIC = "deterministic"
@@ -43,6 +50,7 @@ class RunFailure(RuntimeError):
                  what: str = "", rollout_id: int | None = None):
         self.role, self.rank, self.node, self.cause_text, self.kind = role, rank, node, cause, kind
         self.pid, self.what, self.rollout_id = pid, what, rollout_id
+        self.detail = ""  # the actor's own traceback, when Ray handed it over (printed to the job log)
         super().__init__(self.line())
 
     def who(self) -> str:
@@ -62,6 +70,20 @@ class RunFailure(RuntimeError):
 
 class NonFiniteError(RunFailure):
     """A loss or gradient norm became NaN/Inf: the update is not saved and the run stops."""
+
+
+class PlacementFailure(RunFailure):
+    """The cluster cannot hold the layout (deterministic: it never will), or did not within
+    --placement-timeout-s (infrastructure: the resources exist, other work held them)."""
+
+    def __init__(self, cause: str, kind: str, node: str = ""):
+        super().__init__("placement", None, node, cause, kind, what="placement")
+
+    def who(self) -> str:
+        return f"placement (head node {self.node or '?'})"
+
+    def line(self) -> str:
+        return f"{self.who()}: {self.cause_text} [{self.kind}]"
 
 
 # -- who is who ---------------------------------------------------------------------------------
@@ -112,6 +134,58 @@ def _where(_self: Any) -> tuple[str, int]:
 ROSTER = Roster()
 
 
+class Watch:
+    """Refs the driver has not waited on yet but must hear of at once: each actor's creation
+    (Ray's `__ray_ready__`) and calls started in the background. `wait_for` waits on them beside
+    its own refs; a success is forgotten, a failure raised as if it were one of its own."""
+
+    def __init__(self) -> None:
+        self.pending: dict[Any, tuple[Any, str]] = {}  # ref -> (actor, what)
+
+    def add(self, refs: Sequence[Any], actors: Sequence[Any], what: str) -> None:
+        for ref, actor in zip(refs, actors):
+            self.pending[ref] = (actor, what)
+
+    def refs(self, excluding: Sequence[Any] = ()) -> list:
+        skip = set(excluding)
+        return [ref for ref in self.pending if ref not in skip]
+
+    def settle(self, ref: Any) -> None:
+        """`ref` is ready: forget it, raising its failure if it failed."""
+        import ray
+
+        actor, what = self.pending.pop(ref)
+        try:
+            ray.get(ref)
+        except Exception as err:
+            raise _failure_of(err, actor, what) from err
+
+    def forget(self, actors: Sequence[Any]) -> None:
+        """Before ending `actors` on purpose: their deaths are no failure."""
+        keys = {ROSTER.key(a) for a in actors}
+        self.pending = {r: (a, w) for r, (a, w) in self.pending.items() if ROSTER.key(a) not in keys}
+
+    def clear(self) -> None:
+        self.pending.clear()
+
+
+WATCH = Watch()
+
+
+def watch_creation(actors: Sequence[Any], role: str) -> None:
+    """Call right after creating `actors` (rank = index): from now on every wait of the driver
+    ends at once if one of their constructors fails, naming the role and rank."""
+    for rank, actor in enumerate(actors):
+        ROSTER.members.setdefault(ROSTER.key(actor), Member(role, rank))
+    WATCH.add([a.__ray_ready__.remote() for a in actors], actors, "start")
+
+
+def watch_calls(refs: Sequence[Any], actors: Sequence[Any], what: str) -> None:
+    """Calls the driver will wait on later (`refs[i]` answered by `actors[i]`): a failure among
+    them ends whatever wait comes first."""
+    WATCH.add(refs, actors, what)
+
+
 # -- deadlines ----------------------------------------------------------------------------------
 
 class Deadlines:
@@ -147,6 +221,7 @@ CURRENT_ROLLOUT: list[int | None] = [None]  # the rollout the driver is in, for 
 def configure(args: Any) -> None:
     global DEADLINES
     DEADLINES = Deadlines.from_args(args)
+    WATCH.clear()  # a new run in this process: nothing of an earlier one's actors is watched
 
 
 def _ray_cause(err: BaseException) -> str:
@@ -173,10 +248,78 @@ def _field(err: BaseException, name: str) -> str:
 
 
 def actor_failure(err: BaseException, member: Member, what: str) -> RunFailure:
+    if creation_failed(err):
+        return creation_failure(err, member)
     node = _field(err, "ip") or member.node
     pid = _field(err, "pid")
     return RunFailure(member.role, member.rank, node, _ray_cause(err), INFRASTRUCTURE,
                       pid=int(pid) if pid.isdigit() else member.pid, what=what, rollout_id=CURRENT_ROLLOUT[0])
+
+
+# an exception of these kinds in a constructor says the machine or network failed, not the input
+INFRASTRUCTURE_CAUSES = frozenset({
+    "ConnectionError", "ConnectionResetError", "ConnectionRefusedError", "ConnectionAbortedError", "BrokenPipeError",
+    "TimeoutError", "RaySystemError", "NodeDiedError", "ObjectLostError", "OwnerDiedError", "WorkerCrashedError",
+})
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_][\w]*\.)*([A-Za-z_]\w*)(?:: (.*))?$")
+_CREATION_PLACE = re.compile(r"\(pid=(\d+), ip=([^,)]+)")
+
+
+def creation_failed(err: BaseException) -> bool:
+    """Ray's error for an actor whose constructor raised (on any call to it, or its readiness)."""
+    text = str(getattr(err, "error_msg", "") or "")
+    return bool(getattr(err, "_actor_init_failed", False)) or "error raised in its creation task" in text
+
+
+def root_cause(text: str) -> tuple[str, str]:
+    """(exception type, 'Type: message') of the innermost exception in a Python traceback's text:
+    its last unindented 'Name: message' line (Ray's own header lines have spaces in the name)."""
+    lines = [_ANSI.sub("", line).rstrip() for line in text.splitlines()]
+    for line in reversed(lines):
+        if not line or line[0].isspace():
+            continue
+        match = _EXCEPTION_LINE.match(line)
+        if match and (match.group(2) is not None or match.group(1).endswith(("Error", "Exception"))):
+            return match.group(1), line if match.group(2) is not None else match.group(1)
+    first = next((line.strip() for line in lines if line.strip()), "")
+    return "", first or "(no message)"
+
+
+def creation_kind(exc_type: str) -> str:
+    """A constructor that raised: bad input or data (deterministic: a restart repeats it) unless
+    the exception says the machine or network failed."""
+    return INFRASTRUCTURE if exc_type in INFRASTRUCTURE_CAUSES else DETERMINISTIC
+
+
+def creation_failure(err: BaseException, member: Member) -> RunFailure:
+    """An actor's constructor raised: the root cause on the line, the actor's traceback kept in
+    `detail` (the driver prints it to the job log, above its one line)."""
+    text = _ANSI.sub("", str(getattr(err, "error_msg", "") or err))
+    exc_type, cause = root_cause(text)
+    place = _CREATION_PLACE.search(text)
+    pid = int(place.group(1)) if place else member.pid
+    node = place.group(2).strip() if place else member.node
+    failure = RunFailure(member.role, member.rank, node, cause, creation_kind(exc_type), pid=pid, what="start",
+                         rollout_id=CURRENT_ROLLOUT[0])
+    failure.detail = text
+    return failure
+
+
+def _failure_of(err: Exception, actor: Any, what: str) -> Exception:
+    """What `wait_for` raises for a failed ref of `actor`: a RunFailure for a dead actor, else the
+    actor's own exception tagged with who raised it."""
+    member = ROSTER.of(actor)
+    if _is_infrastructure(err):
+        return actor_failure(err, member, what)
+    place = _CREATION_PLACE.search(_ANSI.sub("", str(err)))
+    if place and not member.node:  # raised before the roster located it (set-up): Ray's error says where
+        member = Member(member.role, member.rank, place.group(2).strip(), int(place.group(1)))
+    try:  # an exception of ours inside the actor: keep its type, remember who raised it
+        err.miles_member, err.miles_what = member, what
+    except AttributeError:
+        pass
+    return err
 
 
 def _is_infrastructure(err: BaseException) -> bool:
@@ -192,7 +335,8 @@ def _is_infrastructure(err: BaseException) -> bool:
 def wait_for(refs: Sequence[Any], actors: Sequence[Any], what: str, *, deadlines: Deadlines | None = None) -> list:
     """`ray.get(refs)` with a deadline; `actors[i]` is the actor answering `refs[i]`. The first
     dead or silent actor raises RunFailure at once; an exception raised by our own code inside an
-    actor is re-raised as is (Ray's error is also an instance of the original exception class)."""
+    actor is re-raised as is (Ray's error is also an instance of the original exception class).
+    Meanwhile the watched refs (`watch_creation`, `watch_calls`) end the wait as soon as one fails."""
     import ray
 
     deadlines = deadlines or DEADLINES
@@ -211,20 +355,50 @@ def wait_for(refs: Sequence[Any], actors: Sequence[Any], what: str, *, deadlines
                              f"no answer to {what} within {timeout:.1f}s (deadline {deadlines.explain(what)}; "
                              f"still waiting on: {stuck})", INFRASTRUCTURE, pid=member.pid, what=what,
                              rollout_id=CURRENT_ROLLOUT[0])
-        ready, pending = ray.wait(pending, num_returns=1, timeout=left)
+        watched = WATCH.refs(excluding=refs)
+        ready, _ = ray.wait(pending + watched, num_returns=1, timeout=left)
         for ref in ready:
-            try:
-                results[ref] = ray.get(ref)
-            except Exception as err:
-                if _is_infrastructure(err):
-                    raise actor_failure(err, ROSTER.of(owner[ref]), what) from err
-                try:  # an exception of ours inside the actor: keep its type, remember who raised it
-                    err.miles_member, err.miles_what = ROSTER.of(owner[ref]), what
-                except AttributeError:
-                    pass
-                raise
+            if ref in owner:
+                pending.remove(ref)
+                WATCH.pending.pop(ref, None)  # a watched call this wait answers itself
+                try:
+                    results[ref] = ray.get(ref)
+                except Exception as err:
+                    raise _failure_of(err, owner[ref], what) from err
+            else:
+                WATCH.settle(ref)
     deadlines.measured(what, time.monotonic() - start)
     return [results[r] for r in refs]
+
+
+def wait_ready(ref: Any, timeout: float) -> bool:
+    """Whether `ref` (not an actor's: a placement group's readiness) is ready within `timeout`
+    seconds; a watched failure meanwhile raises at once."""
+    import ray
+
+    end = time.monotonic() + timeout
+    while True:
+        left = end - time.monotonic()
+        ready, _ = ray.wait([ref, *WATCH.refs(excluding=[ref])], num_returns=1, timeout=max(0.0, left))
+        if ref in ready:
+            return True
+        for other in ready:
+            WATCH.settle(other)
+        if not ready or left <= 0:
+            return False
+
+
+def watchful_sleep(seconds: float) -> None:
+    """Sleep `seconds`, but a watched failure meanwhile raises at once."""
+    import ray
+
+    watched = WATCH.refs()
+    if not watched:
+        time.sleep(max(0.0, seconds))
+        return
+    ready, _ = ray.wait(watched, num_returns=1, timeout=max(0.0, seconds))
+    for ref in ready:
+        WATCH.settle(ref)
 
 
 # -- non-finite numbers -------------------------------------------------------------------------
@@ -318,7 +492,7 @@ _TARGET = {"train-kill": "trainer", "nan": "trainer", "disk-full": "trainer", "s
 def arm_for_rollout(args: Any, rollout_id: int, trainer: Any, rollout: Any) -> None:
     """The driver, at the top of each rollout: arm the --debug-fault actor when its rollout comes."""
     kind, _ = parse_fault(args.debug_fault)
-    if not fault_due(args, kind, rollout_id):
+    if kind in START_KINDS or not fault_due(args, kind, rollout_id):
         return
     target = _TARGET[kind]
     if target == "trainer":
@@ -331,6 +505,30 @@ def arm_for_rollout(args: Any, rollout_id: int, trainer: Any, rollout: Any) -> N
         raise ValueError(f"--debug-fault {args.debug_fault}: this run has no {target} to inject into")
     print(f"fault injection: {kind} at rollout {rollout_id} ({FAULT_KINDS[kind]})", flush=True)
     arm(actors[-1], kind)
+
+
+def args_per_engine(args: Any, n: int) -> list:
+    """Each engine's flags: `args`, except with `--debug-fault engine-init@0` the last engine's
+    checkpoint directory does not exist (its constructor raises CheckpointError)."""
+    broken = missing_checkpoint(args, "engine-init") if n and getattr(args, "debug_fault", None) else None
+    if broken is None:
+        return [args] * n
+    from argparse import Namespace
+
+    return [args] * (n - 1) + [Namespace(**{**vars(args), "hf_checkpoint": broken})]
+
+
+def args_for_setup(args: Any, rank: int, world_size: int) -> Any:
+    """A train rank's flags for its set-up: `args`, except with `--debug-fault train-setup@0` the
+    last rank's checkpoint directory does not exist (its set-up raises CheckpointError)."""
+    if rank != world_size - 1 or not getattr(args, "debug_fault", None):
+        return args
+    broken = missing_checkpoint(args, "train-setup")
+    if broken is None:
+        return args
+    from argparse import Namespace
+
+    return Namespace(**{**vars(args), "hf_checkpoint": broken})
 
 
 def arm(actor: Any, kind: str) -> None:

@@ -1,144 +1,157 @@
-"""Where every actor runs: one placement group whose bundles hold train ranks, engines and rewards.
+"""Where every actor runs: the placement group of the layout (miles.utils.placement_plan), reserved
+only when the cluster can hold it, and each actor's options pinning it to its slot.
 
-GPU jobs get one bundle per train GPU and per rollout engine (`--colocate`: engines share the
-train bundles, each actor taking a fraction of the GPU). Reward workers that ask for GPUs get
-their own (the reward pool asks Ray for them) unless `--colocate-reward` puts them in the engines'
-bundles. CPU jobs (`--device cpu`) get CPU-only bundles with a fraction of a CPU each, sized to
-leave the reward workers their quarter CPU, so two train ranks, an engine and a reward worker fit
-a 2-CPU Ray head.
+`create_placement_group` judges the layout against the alive nodes first (miles.utils.resource_fit):
+a layout no node set can ever hold ends the run at once, naming the request and what the cluster
+offers; one that fits but is busy (other work holds the resources) or waits for nodes still to join
+is waited for, with a progress line every PROGRESS_EVERY_S naming what is pending and what holds
+it, up to `--placement-timeout-s`. While it waits, actors created earlier are watched
+(miles.ray.faults.wait_for): a death in a constructor ends the wait too.
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
+import time
+
+from miles.utils.placement_plan import (  # noqa: F401  (the driver's names for the layout)
+    REWARD_CPU_PER_WORKER,
+    PlacementPlan,
+    Slot,
+    layout_requests,
+    num_reward_workers,
+    num_rollout_engines,
+    num_train_ranks,
+    plan_placement,
+)
+from miles.utils.resource_fit import MISSING_NODES, NodeOffer, Request, Verdict, judge, show_shape, total
 
 
-@dataclass(frozen=True)
-class Slot:
-    """One actor's share of one bundle."""
-
-    bundle_index: int
-    num_cpus: float
-    num_gpus: float
+PROGRESS_EVERY_S = 30.0
+_POLL_S = 1.0
+_SHOWN = ("GPU", "CPU", "memory")  # what a node offer shows; Ray's bookkeeping keys are left out
 
 
-@dataclass(frozen=True)
-class PlacementPlan:
-    bundles: list[dict[str, float]]
-    train: list[Slot]
-    rollout: list[Slot] = field(default_factory=list)  # one per engine
-    reward: list[Slot] = field(default_factory=list)  # one per reward worker, only when colocated
+def alive_nodes() -> list[NodeOffer]:
+    """The alive nodes and their totals (the GCS's view: works without a dashboard)."""
+    import ray
 
-    @property
-    def device(self) -> str:
-        return "cuda" if any(b.get("GPU") for b in self.bundles) else "cpu"
+    return [NodeOffer(n.get("NodeManagerAddress") or n.get("NodeID", "?")[:12],
+                      {k: float(v) for k, v in (n.get("Resources") or {}).items() if k in _SHOWN})
+            for n in ray.nodes() if n.get("Alive")]
 
 
-# shares of one bundle when several actors live in it (the reward pool asks for its own
-# REWARD_CPU_PER_WORKER CPUs and --rm-num-gpus-per-worker GPUs)
-_COLOCATED_TRAIN_GPU = 0.5
-_COLOCATED_CPU = 0.25
-# a reward actor's CPU share: a 2-CPU head then holds an engine, two train ranks and the reward
-# pool at once (the reward work is short and mostly waits on models)
-REWARD_CPU_PER_WORKER = 0.25
+def place_run(args, say=print):
+    """The driver's placement: wait for the nodes the job expects (`--num-nodes`), plan the layout
+    on them, reserve it. Returns (plan, placement group); each wait ends by --placement-timeout-s."""
+    import ray
+
+    wait_for_nodes(args.num_nodes, args.placement_timeout_s, say=say)
+    plan = plan_placement(args, ray.cluster_resources().get("CPU"))
+    return plan, create_placement_group(plan, layout_requests(args, plan), expected_nodes=args.num_nodes,
+                                        timeout_s=args.placement_timeout_s, say=say)
 
 
-def num_train_ranks(args) -> int:
-    return args.actor_num_nodes * args.actor_num_gpus_per_node
+def wait_for_nodes(expected: int, timeout_s: float, *, progress_every_s: float = PROGRESS_EVERY_S, say=print) -> None:
+    """Until `expected` nodes are alive: a job laid out for N nodes is planned on all of them.
+    A progress line every `progress_every_s`; faults.PlacementFailure after `timeout_s`."""
+    from miles.ray import faults
+
+    start = time.monotonic()
+    next_note = start  # the first line at once: the wait is news
+    waited_for = False
+    while len(nodes := alive_nodes()) < expected:
+        waited_for = True
+        waited = time.monotonic() - start
+        alive = "; ".join(n.show() for n in nodes) or "none"
+        if waited >= timeout_s:
+            raise faults.PlacementFailure(f"the job expects {expected} node(s) (--num-nodes) and only {len(nodes)} "
+                                          f"joined within --placement-timeout-s {timeout_s:g} (alive: {alive})",
+                                          faults.INFRASTRUCTURE, _head())
+        if time.monotonic() >= next_note:
+            say(f"placement: waiting {waited:.0f}s of {timeout_s:g}s (--placement-timeout-s) for nodes: the job expects "
+                f"{expected} (--num-nodes), {len(nodes)} alive ({alive})", flush=True)
+            next_note += progress_every_s
+        faults.watchful_sleep(min(_POLL_S, timeout_s - waited))
+    if waited_for:
+        say(f"placement: {len(nodes)} node(s) alive after {time.monotonic() - start:.0f}s; placing the run", flush=True)
 
 
-def num_rollout_engines(args) -> int:
-    if getattr(args, "loss_type", None) == "sft_loss":
-        return 0  # SFT trains on a fixed dataset: no engines
-    gpus = args.rollout_num_gpus
-    if gpus is None:
-        gpus = num_train_ranks(args) if args.colocate else 1
-    return max(1, gpus // max(1, args.rollout_num_gpus_per_engine))
-
-
-def num_reward_workers(args) -> int:
-    if getattr(args, "loss_type", None) == "sft_loss":
-        return 0
-    return max(0, int(getattr(args, "rm_num_workers", 1) or 0))
-
-
-def plan_placement(args, cpus_available: float | None = None) -> PlacementPlan:
-    """The bundles and each actor's slot, from the flags alone (no Ray).
-
-    Reward workers are placed by the reward pool itself; they appear in the plan (as slots in the
-    engines' bundles) only when `--colocate-reward` shares GPUs with the engines.
-    """
-    n_train = 0 if args.debug_rollout_only else num_train_ranks(args)
-    n_engines = 0 if args.train_only else num_rollout_engines(args)
-    n_reward = 0 if args.train_only else num_reward_workers(args)
-    if args.device == "cpu":
-        return _plan_cpu(n_train, n_engines, n_reward, cpus_available)
-    return _plan_gpu(args, n_train, n_engines, n_reward)
-
-
-def _plan_cpu(n_train: int, n_engines: int, n_reward: int, cpus_available: float | None) -> PlacementPlan:
-    n_actors = n_train + n_engines
-    free = (cpus_available if cpus_available is not None else float(n_actors) + 1.0) - n_reward * REWARD_CPU_PER_WORKER
-    # floor to 1/100 so the bundles always fit the head, whatever the float sum does
-    share = min(1.0, math.floor(100 * free / max(1, n_actors)) / 100)
-    if share <= 0:
-        raise ValueError(f"{n_actors} train ranks and engines and {n_reward} reward workers do not fit "
-                         f"{cpus_available} CPUs")
-    bundles = [{"CPU": share} for _ in range(n_actors)]
-    slots = [Slot(i, share, 0.0) for i in range(n_actors)]
-    return PlacementPlan(bundles, slots[:n_train], slots[n_train:])
-
-
-def _plan_gpu(args, n_train: int, n_engines: int, n_reward: int) -> PlacementPlan:
-    per_engine = args.rollout_num_gpus_per_engine
-    if per_engine != 1:  # the validator refuses it first; never reserve GPUs an engine would not use
-        raise ValueError(f"--rollout-num-gpus-per-engine {per_engine}: an engine runs on one device; use 1")
-    reward_gpus = float(getattr(args, "rm_num_gpus_per_worker", 0.0) or 0.0)
-    colocate_reward = bool(getattr(args, "colocate_reward", False)) and reward_gpus > 0 and n_engines > 0
-    colocated = args.colocate and n_train > 0
-    bundles: list[dict[str, float]] = []
-    train, rollout, reward = [], [], []
-    for _ in range(n_train):
-        bundles.append({"GPU": 1.0, "CPU": 1.0})
-        if colocated:
-            train.append(Slot(len(bundles) - 1, _COLOCATED_CPU, _COLOCATED_TRAIN_GPU))
-        else:
-            train.append(Slot(len(bundles) - 1, 1.0, 1.0))
-    engine_gpu = float(per_engine)
-    if colocated:
-        engine_gpu = 1.0 - _COLOCATED_TRAIN_GPU
-    if colocate_reward:
-        hosts_per_bundle = math.ceil(n_reward / n_engines)
-        engine_gpu -= hosts_per_bundle * reward_gpus
-        if engine_gpu <= 0:
-            raise ValueError(f"--colocate-reward: {n_reward} reward workers x {reward_gpus} GPU leave the engines none")
-    for e in range(n_engines):
-        if colocated:
-            rollout.append(Slot(e % n_train, _COLOCATED_CPU, engine_gpu))
-        else:
-            bundles.append({"GPU": float(per_engine), "CPU": 1.0})
-            rollout.append(Slot(len(bundles) - 1, 1.0 - (REWARD_CPU_PER_WORKER if colocate_reward else 0), engine_gpu))
-    if colocate_reward:
-        reward = [Slot(rollout[w % n_engines].bundle_index, REWARD_CPU_PER_WORKER, reward_gpus) for w in range(n_reward)]
-    return PlacementPlan(bundles, train, rollout, reward)
-
-
-def create_placement_group(plan: PlacementPlan, timeout_s: float = 600.0):
-    """Reserve the plan's bundles; raises with the bundles named if the cluster cannot hold them."""
+def create_placement_group(plan: PlacementPlan, requests: list[Request] | None = None, *, expected_nodes: int = 1,
+                           timeout_s: float = 600.0, progress_every_s: float = PROGRESS_EVERY_S,
+                           say=print):
+    """Reserve the plan's bundles (module docstring). `requests`: everything the run asks the
+    cluster for (layout_requests), judged together; default: the bundles alone. Raises
+    faults.PlacementFailure: at once when the cluster can never hold them, after `timeout_s` when
+    it did not; `say` gets a progress line every `progress_every_s` meanwhile."""
     import ray
     from ray.util.placement_group import placement_group
 
+    from miles.ray import faults
+
+    requests = requests if requests is not None else [Request("the placement group", list(plan.bundles))]
+    verdict = _judge_or_fail(requests, expected_nodes)
     if not plan.bundles:
         return None
     pg = placement_group(plan.bundles, strategy="PACK")
-    ready, _ = ray.wait([pg.ready()], timeout=timeout_s)
-    if not ready:
-        raise RuntimeError(
-            f"placement group of {len(plan.bundles)} bundles {plan.bundles} not ready after {timeout_s:.0f}s; "
-            f"cluster has {ray.cluster_resources()}"
-        )
-    return pg
+    start = time.monotonic()
+    next_note = start + progress_every_s
+    try:
+        while True:
+            waited = time.monotonic() - start
+            if waited >= timeout_s:
+                raise faults.PlacementFailure(
+                    f"not placed within --placement-timeout-s {timeout_s:g}: {_pending(requests, verdict)}; "
+                    f"{holders(pg)}", faults.INFRASTRUCTURE, _head())
+            if faults.wait_ready(pg.ready(), min(_POLL_S, timeout_s - waited)):
+                return pg
+            verdict = _judge_or_fail(requests, expected_nodes)  # a node may have left, or joined
+            if time.monotonic() >= next_note:
+                say(f"placement: waiting {time.monotonic() - start:.0f}s of {timeout_s:g}s (--placement-timeout-s): "
+                    f"{_pending(requests, verdict)}; {holders(pg)}", flush=True)
+                next_note += progress_every_s
+    except BaseException:
+        ray.util.remove_placement_group(pg)
+        raise
+
+
+def _judge_or_fail(requests: list[Request], expected_nodes: int) -> Verdict:
+    from miles.ray import faults
+
+    verdict = judge(requests, alive_nodes(), expected_nodes)
+    if verdict.never:
+        raise faults.PlacementFailure(f"unschedulable: {verdict.reason}", faults.DETERMINISTIC, _head())
+    return verdict
+
+
+def _head() -> str:
+    import ray
+
+    return ray.util.get_node_ip_address()
+
+
+def _pending(requests: list[Request], verdict: Verdict) -> str:
+    asked = show_shape(total([b for r in requests for b in r.bundles]))
+    if verdict.state == MISSING_NODES:
+        return f"pending {asked} for {' + '.join(r.what for r in requests)}; {verdict.reason}"
+    return f"pending {asked} for {' + '.join(r.what for r in requests)}"
+
+
+def holders(own_pg=None) -> str:
+    """What holds the cluster's resources now: free vs total, and the other placement groups."""
+    import ray
+
+    free, whole = ray.available_resources(), ray.cluster_resources()
+    used = {k: whole[k] - free.get(k, 0.0) for k in _SHOWN if k in whole}
+    own = own_pg.id.hex() if own_pg is not None else None
+    groups = []
+    for pg_id, entry in ray.util.placement_group_table().items():
+        if pg_id == own or entry.get("state") != "CREATED":
+            continue
+        shape = total(list((entry.get("bundles") or {}).values()))
+        groups.append(f"placement group {pg_id[:12]}{' ' + entry['name'] if entry.get('name') else ''} "
+                      f"{show_shape({k: v for k, v in shape.items() if k in _SHOWN})}")
+    held = "; ".join(groups) if groups else "no other placement group (actors outside groups hold the rest)"
+    return f"in use {show_shape(used)} of {show_shape({k: whole[k] for k in _SHOWN if k in whole})}; held by: {held}"
 
 
 def actor_options(pg, slot: Slot, runtime_env: dict | None = None) -> dict:

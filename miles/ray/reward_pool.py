@@ -94,6 +94,7 @@ class RewardPool:
             .remote(args)
             for i in range(num_workers)
         ]
+        faults.watch_creation(self.workers, "reward worker")
         faults.wait_for([w.ready.remote() for w in self.workers], self.workers, "reward start")
         faults.ROSTER.register(self.workers, "reward worker")
 
@@ -134,6 +135,7 @@ class RewardPool:
     def shutdown(self) -> None:
         import ray
 
+        faults.WATCH.forget(self.workers)
         for worker in self.workers:
             ray.kill(worker)
         self.workers = []

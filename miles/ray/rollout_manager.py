@@ -17,7 +17,8 @@ from miles.backends.loss import compute_advantages
 from miles.backends.lora import LoraSpec
 from miles.backends.types import RolloutBatch
 from miles.models.runtime import actor_threads
-from miles.ray.faults import ROSTER, wait_for
+from miles.ray import faults
+from miles.ray.faults import ROSTER, wait_for, watch_creation
 from miles.ray.placement import PlacementPlan, actor_options
 from miles.rollout.data import PromptDataset, read_prompt_file
 from miles.ray.reward_pool import RewardPool
@@ -47,8 +48,9 @@ class RolloutManager:
 
         self.args = args
         self.dataset = PromptDataset.from_args(args)
-        self.engines = [create_engine_actor(args, actor_threads(args.device), **actor_options(pg, slot, runtime_env))
-                        for slot in placement.rollout]
+        self.engines = [create_engine_actor(a, actor_threads(args.device), **actor_options(pg, slot, runtime_env))
+                        for a, slot in zip(faults.args_per_engine(args, len(placement.rollout)), placement.rollout)]
+        watch_creation(self.engines, "rollout engine")
         colocated = [s.bundle_index for s in placement.reward]
         self.rewards = RewardPool(args, placement_group=pg if colocated else None, bundle_indices=colocated or None)
         wait_for([e.ready.remote() for e in self.engines], self.engines, "engine start")
@@ -144,5 +146,6 @@ class RolloutManager:
         import ray
 
         self.rewards.shutdown()
+        faults.WATCH.forget(self.engines)
         for engine in self.engines:
             ray.kill(engine)

@@ -54,6 +54,7 @@ class TrainActor(TrainRank):
     def setup_at(self, master: tuple[str, int]) -> None:
         """`setup` with rank 0's (address, port) as one argument: the driver hands over the ref to
         rank 0's answer, so the ranks set up without the driver waiting for it."""
+        self.args = faults.args_for_setup(self.args, self.rank, self.world_size)  # --debug-fault train-setup@0
         self.setup(*master)
 
     # fault injection (--debug-fault, miles.utils.debug_faults): armed by the driver, carried out here
@@ -97,8 +98,10 @@ class TrainActorGroup:
         remote_cls = ray.remote(TrainActor)
         self.actors = [remote_cls.options(**actor_options(pg, slot, runtime_env)).remote(args, plan, rank, world_size)
                        for rank, slot in enumerate(placement.train)]
+        faults.watch_creation(self.actors, "train rank")
         master = self.actors[0].master_address.remote()
         self._setup = [a.setup_at.remote(master) for a in self.actors]
+        faults.watch_calls(self._setup, self.actors, "setup")
 
     def wait_ready(self) -> "TrainActorGroup":
         self._get(self._setup, "setup")
@@ -140,6 +143,7 @@ class TrainActorGroup:
         return states[rank] if self.sharded else states[0]
 
     def shutdown(self) -> None:
+        faults.WATCH.forget(self.actors)
         for actor in self.actors:
             ray.kill(actor)
         self.actors = []

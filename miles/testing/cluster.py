@@ -130,6 +130,11 @@ class LocalRayCluster:
             raise
         return self
 
+    def add_node(self) -> None:
+        """One more node joining the running cluster (a node that comes late)."""
+        self._run(_ray_cluster.ray_start_command(self._spec(self.gcs_address)))
+        self.nodes += 1
+
     def alive_nodes(self) -> int:
         """Nodes the head reports alive; 0 while its state API does not answer (why: `last_error`)."""
         url = f"{self.address}/api/v0/nodes?limit=100"

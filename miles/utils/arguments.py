@@ -440,6 +440,10 @@ def _debug(parser) -> None:
                    help="afterwards a call may take this many times the slowest call of its kind so far ...")
     g.add_argument("--remote-timeout-min-s", type=positive_float, default=120.0,
                    help="... but never less than this; a call past its deadline ends the run naming the actor")
+    g.add_argument("--placement-timeout-s", type=positive_float, default=600.0,
+                   help="how long the driver waits for the cluster to place the run's actors when the resources "
+                        "exist but are busy (or nodes are still joining), with a progress line every 30 s; a layout "
+                        "the cluster can never hold is refused at once (docs/faults.md)")
 
 
 def _fault_kinds() -> list[str]:

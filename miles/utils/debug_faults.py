@@ -23,7 +23,13 @@ FAULT_KINDS = {
     "nan": "the loss becomes NaN (the bad update is never saved)",
     "disk-full": "RLIMIT_FSIZE in the train rank during the save (writes fail with EFBIG)",
     "slow-save": "the train rank sleeps 20 s inside the save (time to signal the launcher)",
+    "engine-init": "the last rollout engine's constructor raises: it is given a checkpoint directory that does not "
+                   "exist (start-up: use @0)",
+    "train-setup": "the last train rank's set-up raises: it is given a checkpoint directory that does not exist "
+                   "(start-up: use @0)",
 }
+# faults of the start-up, before rollout 0: carried out where the actor is created or set up
+START_KINDS = ("engine-init", "train-setup")
 
 
 def parse_fault(spec: str) -> tuple[str, int]:
@@ -31,6 +37,8 @@ def parse_fault(spec: str) -> tuple[str, int]:
     kind, sep, rollout = (spec or "").partition("@")
     if kind not in FAULT_KINDS or not sep or not rollout.isdigit():
         raise ValueError(f"--debug-fault {spec!r}: expected KIND@ROLLOUT with KIND one of {', '.join(FAULT_KINDS)}")
+    if kind in START_KINDS and int(rollout) != 0:
+        raise ValueError(f"--debug-fault {spec!r}: {kind} strikes at start-up, before rollout 0; use {kind}@0")
     return kind, int(rollout)
 
 
@@ -48,6 +56,15 @@ def fault_due(args: Any, kind: str, rollout_id: int) -> bool:
     marker.parent.mkdir(parents=True, exist_ok=True)
     marker.write_text(f"{time.time()}\n")
     return True
+
+
+def missing_checkpoint(args: Any, kind: str) -> str | None:
+    """For a start-up kind (`engine-init`, `train-setup`) due in this run dir: the checkpoint
+    directory the failing actor gets instead of its own, one that does not exist, so the real
+    loader raises as it does for a user's wrong path. None otherwise (and after it fired once)."""
+    if not fault_due(args, kind, 0):
+        return None
+    return str(Path(args.run_dir) / "faults" / "no-such-checkpoint")
 
 
 def _arm(self: Any, kind: str) -> None:

@@ -86,9 +86,12 @@ class _JobOutput:
             self.log.close()
 
 
-def submit_and_follow(request: JobRequest, log_path: Path | None = None, secrets: list[str] = ()) -> int:
+def submit_and_follow(request: JobRequest, log_path: Path | None = None, secrets: list[str] = (),
+                      causes: list[str] | None = None) -> int:
     """Submit, stream the job's output to stdout (and `log_path`), return its exit status
-    (non-zero on failure); after a failure the last line printed names the cause and the log.
+    (non-zero on failure); after a failure the last line printed names the cause and the log,
+    unless `causes` is given: then the job's own one-line reason is appended to it instead, for
+    the caller's last line (the error prints once).
 
     Ctrl-C stops the job and returns 130.
     """
@@ -102,7 +105,9 @@ def submit_and_follow(request: JobRequest, log_path: Path | None = None, secrets
     try:
         asyncio.run(_follow_until_ended(client, job_id, output))
         status = _exit_status(client, job_id)
-        if status != 0:
+        if status != 0 and causes is not None:
+            causes.append(output.cause())
+        elif status != 0:
             cause = output.cause() or "see the log above"
             where = f"; job log: {log_path}" if log_path is not None else ""
             print(f"error: the training job failed (exit {status}): {cause}{where}", file=sys.stderr, flush=True)

@@ -25,12 +25,14 @@ from miles.utils.external_utils.processes import (
 from miles.utils.external_utils.ray_cluster import (
     RayNodeSpec,
     RayPorts,
+    declared_gpus,
     raise_open_files_limit,
     ray_start_command,
     ray_start_env,
     ray_temp_dir_for,
     split_host_port,
     tcp_reachable,
+    visible_gpus,
 )
 
 HEAD_ROLE = "head"
@@ -171,6 +173,12 @@ def start_ray_worker(
         print(f"note: a real worker would refuse: {err}", file=sys.stderr, flush=True)
     node_ip = node_ip or _loopback_if_head_is(head_address)
     token = new_token()
+    if not is_dry_run():  # never declare GPUs this machine does not have (a dry run plans for the recipe's)
+        visible = visible_gpus(cuda_visible_devices)
+        if declared_gpus(num_gpus, visible) < num_gpus:
+            print(f"note: this node declares {declared_gpus(num_gpus, visible)} GPU(s), not {num_gpus}: "
+                  f"{visible.how}", file=sys.stderr, flush=True)
+        num_gpus = declared_gpus(num_gpus, visible)
     ports = RayPorts() if is_dry_run() else RayPorts.allocate(node_ip or "0.0.0.0")
     spec = RayNodeSpec(node_ip, ports, ray_temp_dir_for(token), num_gpus, num_cpus, head_address=head_address)
     if is_dry_run():

@@ -242,3 +242,88 @@ def wait_for_cluster_resources(
                 f"needed num_nodes>={num_nodes}, num_gpus>={num_gpus}, num_cpus>={num_cpus}"
             )
         time.sleep(poll_s)
+
+
+# -- what a node really has, and whether the cluster can hold the run's layout -----------------
+
+CUDA_VISIBLE_DEVICES_ENV = "CUDA_VISIBLE_DEVICES"
+
+
+@dataclass(frozen=True)
+class VisibleGpus:
+    count: int
+    how: str  # where the count comes from, for the refusal line
+
+
+def nvml_gpu_count() -> tuple[int, str]:
+    """GPUs NVML sees on this machine (0, with the reason, when NVML cannot be used)."""
+    try:
+        import pynvml
+    except ImportError:
+        return 0, "no GPU found (pynvml is not installed)"
+    try:
+        pynvml.nvmlInit()
+    except Exception as err:  # NVMLError_LibraryNotFound, DriverNotLoaded: no GPU driver here
+        return 0, f"no GPU found (NVML: {type(err).__name__})"
+    try:
+        count = int(pynvml.nvmlDeviceGetCount())
+        return count, f"NVML sees {count} GPU(s)"
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:
+            pass
+
+
+def visible_gpus(cuda_visible_devices: str | None = None, environ=None, nvml=nvml_gpu_count) -> VisibleGpus:
+    """The GPUs a Ray node started here may declare: those NVML sees, narrowed to
+    CUDA_VISIBLE_DEVICES (the --cuda-visible-devices option's, else the environment's) when set.
+    Listing a device does not make it exist: the count never exceeds NVML's."""
+    environ = os.environ if environ is None else environ
+    physical, source = nvml()
+    listed = cuda_visible_devices if cuda_visible_devices else environ.get(CUDA_VISIBLE_DEVICES_ENV)
+    if listed is None:
+        return VisibleGpus(physical, source)
+    entries = [d.strip() for d in listed.split(",") if d.strip() and d.strip() != "-1"]
+    count = min(len(entries), physical)
+    return VisibleGpus(count, f"{source}; {CUDA_VISIBLE_DEVICES_ENV}={listed} lists {len(entries)}")
+
+
+def declared_gpus(num_gpus_per_node: int, visible: VisibleGpus) -> int:
+    """`ray start --num-gpus`: what the recipe uses of what the machine has, never more."""
+    return min(num_gpus_per_node, visible.count)
+
+
+def this_machine(num_gpus: int, num_cpus: int | None) -> list:
+    """The offer of a head this launcher starts and no node joins: this machine as it declares it."""
+    from miles.utils.resource_fit import NodeOffer
+
+    return [NodeOffer("this machine", {"GPU": float(num_gpus), "CPU": float(num_cpus or os.cpu_count() or 1)})]
+
+
+def alive_node_offers(job_server_url: str) -> list:
+    """The cluster's alive nodes and their totals, from the dashboard (no Ray driver)."""
+    from ray.util.state import list_nodes
+
+    from miles.utils.resource_fit import NodeOffer
+
+    nodes = [n for n in list_nodes(address=job_server_url, raise_on_missing_output=False) if n.state == "ALIVE"]
+    return [NodeOffer(n.node_ip or n.node_id[:12],
+                      {k: float(v) for k, v in (n.resources_total or {}).items() if k in ("GPU", "CPU", "memory")})
+            for n in nodes]
+
+
+def layout_verdict(train_args, nodes: list):
+    """The run's layout (train_diffusion.py's parsed flags) judged against `nodes`, by the same
+    rule the driver applies before it waits for its placement group (miles.utils.resource_fit)."""
+    from miles.utils.placement_plan import layout_requests, plan_placement
+    from miles.utils.resource_fit import judge
+
+    cpus = sum(n.resources.get("CPU", 0.0) for n in nodes) if train_args.device == "cpu" else None
+    try:
+        plan = plan_placement(train_args, cpus)
+    except ValueError as err:  # a CPU layout that fits no CPU count of this cluster
+        from miles.utils.resource_fit import NEVER, Verdict
+
+        return Verdict(NEVER, f"{err}; the cluster offers {len(nodes)} node(s)", tuple(nodes))
+    return judge(layout_requests(train_args, plan), nodes, expected_nodes=train_args.num_nodes)

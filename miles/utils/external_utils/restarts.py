@@ -98,15 +98,25 @@ def restartable(attempt: Attempt) -> bool:
     return attempt.kind == INFRASTRUCTURE
 
 
+DETERMINISTIC = "deterministic"
+
+
 def failure_line(attempt: Attempt, save: str | None, resume: str, job_log: Path, *, gave_up: str = "") -> str:
-    """The launcher's last line after a failure."""
+    """The launcher's last line after a failure. The resume command only where a committed
+    checkpoint exists; after a deterministic failure (bad input or data, a NaN, a full disk)
+    following it as is would fail the same way, so the line says to fix the cause first."""
     cause = attempt.cause or f"the training job exited with status {attempt.exit} (no failure record: see the job log)"
     kind = f" [{attempt.kind}]" if attempt.kind and f"[{attempt.kind}]" not in cause else ""
     found = latest_checkpoint(save)
     ckpt = (f"last committed checkpoint {found[1]} (rollout {found[0]})" if found
             else "no committed checkpoint" + ("" if save else " (no --save)"))
-    return (f"error: the training job failed (exit {attempt.exit}): {cause}{kind}{gave_up}; {ckpt}; "
-            f"resume: {resume}; job log: {job_log}")
+    if not found:
+        hint = ""
+    elif attempt.kind == DETERMINISTIC:
+        hint = f"after fixing the cause, resume: {resume}; "
+    else:
+        hint = f"resume: {resume}; "
+    return f"error: the training job failed (exit {attempt.exit}): {cause}{kind}{gave_up}; {ckpt}; {hint}job log: {job_log}"
 
 
 def add_attempts_to_run_json(run_dir: Path, attempts: list[Attempt]) -> None:

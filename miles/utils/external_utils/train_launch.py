@@ -60,9 +60,14 @@ from miles.utils.external_utils.processes import RECIPE_COMMANDS, LaunchRecord, 
 from miles.utils.external_utils.ray_cluster import (
     RayNodeSpec,
     RayPorts,
+    alive_node_offers,
     cpu_job_num_cpus,
+    declared_gpus,
+    layout_verdict,
     ray_start_command,
     ray_temp_dir_for,
+    this_machine,
+    visible_gpus,
     wait_for_cluster_resources,
 )
 from miles.utils.external_utils.released_assets import AssetMissingError, resolve_checkpoints_in_argv
@@ -137,6 +142,11 @@ def execute_train(
     if launch.plan.dry_run:
         _show_dry_run(launch, before_ray_job_submit)
         return
+    try:
+        _refuse_layout_this_machine_cannot_hold(launch, config)
+    except LaunchError as err:
+        print(f"error: {err}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
     status = _run_launch(launch, config, before_ray_job_submit, cluster_wait_timeout)
     if status != 0:
         raise SystemExit(status)
@@ -228,7 +238,7 @@ def _plan_launch(
         memory = validate_train_argv(argv)
     address, address_from = _job_server_address(external)
     token = new_token()
-    node = None if external else _head_spec(token, num_gpus_per_node, dry, ray_head_port)
+    node = None if external else _head_spec(token, num_gpus_per_node, dry, ray_head_port, config.cuda_visible_devices)
     if node is not None:
         _refuse_loopback_head(config.num_nodes, node.node_ip, dry)
     # Ray's runtime-env agent writes the runtime env, values included, to its log file. On a head
@@ -321,11 +331,55 @@ def _refuse_external_with_devices(external: bool, cuda_visible_devices: str) -> 
         )
 
 
-def _head_spec(token: str, num_gpus_per_node: int, dry: bool, ray_head_port: int | None) -> RayNodeSpec:
+def _head_spec(token: str, num_gpus_per_node: int, dry: bool, ray_head_port: int | None,
+               cuda_visible_devices: str | None = None) -> RayNodeSpec:
     host = master_addr()
     # a dry run reserves nothing: ports show as 0, meaning "picked free when the head starts"
     ports = RayPorts(gcs_port=ray_head_port or 0) if dry else RayPorts.allocate(host, gcs_port=ray_head_port)
-    return RayNodeSpec(host, ports, ray_temp_dir_for(token), num_gpus_per_node, cpu_job_num_cpus(num_gpus_per_node))
+    # a dry run plans for the recipe's machine; a real head declares only GPUs this machine has
+    gpus = num_gpus_per_node if dry else declared_gpus(num_gpus_per_node, visible_gpus(cuda_visible_devices))
+    return RayNodeSpec(host, ports, ray_temp_dir_for(token), gpus, cpu_job_num_cpus(num_gpus_per_node))
+
+
+def _train_namespace(launch: _Launch):
+    """train_diffusion.py's parsed flags of this launch (None for another train script)."""
+    if _resolve_train_script(launch.plan.train_script) != REPO_ROOT / DEFAULT_TRAIN_SCRIPT:
+        return None
+    import contextlib
+    import io
+
+    from miles.utils.arguments import parse_and_plan
+
+    with contextlib.redirect_stderr(io.StringIO()):
+        return parse_and_plan(launch.plan.argv)[0]  # validate_train_argv accepted it already
+
+
+def _refuse_layout_this_machine_cannot_hold(launch: _Launch, config: ExecuteTrainConfig) -> None:
+    """A single-node launch on a head of our own: the cluster will be this machine as its head
+    declares it, so a layout it can never hold (a GPU recipe where there are no GPUs) is refused
+    before anything starts, by the rule the driver applies to its placement group."""
+    if launch.node is None or config.num_nodes > 1 or (ns := _train_namespace(launch)) is None:
+        return
+    verdict = layout_verdict(ns, this_machine(launch.node.num_gpus, launch.node.num_cpus))
+    if verdict.never:
+        gpus = visible_gpus(config.cuda_visible_devices)
+        raise LaunchError(f"this machine cannot run the recipe's layout: {verdict.reason} ({gpus.how}); fix: run it "
+                          f"where the resources are, or pick a smaller --scale")
+
+
+def _refuse_layout_the_cluster_cannot_hold(launch: _Launch) -> None:
+    """Before submitting to a cluster of several nodes or an external one: the same rule against
+    its alive nodes. Nodes still missing are left to the driver, which waits for them."""
+    ns = _train_namespace(launch)
+    if ns is None:
+        return
+    verdict = layout_verdict(ns, alive_node_offers(launch.job.address))
+    if verdict.never:
+        raise LaunchError(f"the cluster cannot run the recipe's layout: {verdict.reason}; fix: run it where the "
+                          f"resources are, or pick a smaller --scale")
+    if verdict.reason:
+        print(f"note: {verdict.reason}; the job waits for them (--placement-timeout-s {ns.placement_timeout_s:g})",
+              flush=True)
 
 
 def _resolve_train_script(train_script: str) -> Path:
@@ -381,10 +435,11 @@ def _run_launch(
                     print(f"Ray head up on {launch.node.node_ip}: job server {launch.node.job_server_url}, GCS "
                           f"{launch.node.gcs_address}; Ray's own output is in {launcher_log}", flush=True)
                 restarts.set_aside_failure(run_dir, len(attempts) - 1)
+                job_causes: list[str] = []
                 watch = _watch_head(launch, record)
                 try:
                     with watch:
-                        status = _submit_when_ready(launch, config, hook, cluster_wait_timeout)
+                        status = _submit_when_ready(launch, config, hook, cluster_wait_timeout, job_causes)
                 except Exception:
                     if watch.cause is None:
                         raise
@@ -399,6 +454,8 @@ def _run_launch(
                     attempt.cause, attempt.kind = attempt.failure.get("line"), attempt.failure.get("kind")
                 elif status == INTERRUPTED_EXIT_CODE:
                     attempt.cause, attempt.kind = _interrupted_cause(), "interrupted"
+                elif job_causes and job_causes[-1]:
+                    attempt.cause = job_causes[-1]
                 if status == 0 or not restarts.restartable(attempt) or len(attempts) > config.max_restarts:
                     break
                 launch, record = _restart(launch, record, config, attempts, save)
@@ -408,7 +465,7 @@ def _run_launch(
         attempts[-1].exit = status
         attempts[-1].cause = _interrupted_cause()
         attempts[-1].kind = "interrupted"
-    except LaunchModeError as err:
+    except (LaunchModeError, LaunchError) as err:
         print(f"error: {err}", file=sys.stderr, flush=True)
         status = 2
     except subprocess.CalledProcessError as err:
@@ -474,7 +531,8 @@ def _restart(launch: _Launch, record: LaunchRecord | None, config: ExecuteTrainC
                                      resumed_from_rollout=found[0] + 1 if found else None))
     node = launch.node
     if node is not None:
-        node = _head_spec(launch.token, launch.plan.num_gpus_per_node, False, launch.head_port)
+        node = _head_spec(launch.token, launch.plan.num_gpus_per_node, False, launch.head_port,
+                          config.cuda_visible_devices)
     entry = shlex.split(launch.job.entrypoint)[:2] + argv
     job = dataclasses.replace(launch.job, address=node.job_server_url if node is not None else launch.job.address,
                               entrypoint=shlex.join(entry), submission_id=f"{launch.job.submission_id}-a{n}")
@@ -502,8 +560,11 @@ def _results_line(launch: _Launch) -> str:
 
 
 def _submit_when_ready(
-    launch: _Launch, config: ExecuteTrainConfig, hook: Callable[..., Any] | None, cluster_wait_timeout: float
+    launch: _Launch, config: ExecuteTrainConfig, hook: Callable[..., Any] | None, cluster_wait_timeout: float,
+    causes: list[str] | None = None,
 ) -> int:
+    """Submit once the cluster is ready; the job's own error line, if it fails without a failure
+    record, goes to `causes` (the launcher's last line carries it: the error prints once)."""
     if config.num_nodes > 1:
         # nodes only: a node registers with all its GPUs at once, and GPU counts may differ per
         # node (a reward node); a recipe that needs a GPU total waits for it in its hook
@@ -511,9 +572,11 @@ def _submit_when_ready(
     if hook is not None:
         gcs_address = launch.node.gcs_address if launch.node else None
         _call_hook(hook, ClusterInfo(launch.job.address, gcs_address, launch.plan.run_dir))
+    if launch.node is None or config.num_nodes > 1:
+        _refuse_layout_the_cluster_cannot_hold(launch)
     print_exec(redact_text(launch.job.display_command(), launch.secrets))
     phases.mark("job_submit")
-    return submit_and_follow(launch.job, Path(launch.plan.run_dir) / JOB_LOG, launch.secrets)
+    return submit_and_follow(launch.job, Path(launch.plan.run_dir) / JOB_LOG, launch.secrets, causes)
 
 
 def _call_hook(hook: Callable[..., Any], cluster: ClusterInfo) -> None:

@@ -187,6 +187,7 @@ FLAG_TESTS = {
     "--remote-timeout-s": "tests/unit/ray/test_fault_classification.py::test_remote_deadlines_start_at_the_first_timeout_then_scale_with_the_slowest_call",
     "--remote-timeout-factor": "tests/unit/ray/test_fault_classification.py::test_remote_deadlines_start_at_the_first_timeout_then_scale_with_the_slowest_call",
     "--remote-timeout-min-s": "tests/e2e/test_faults.py::test_hung_reward_worker_ends_at_its_deadline_and_the_printed_command_resumes_exactly",
+    "--placement-timeout-s": "tests/unit/ray/test_startup_failures.py::test_placement_timeout_s_ends_the_drivers_wait_for_a_busy_cluster",
     # determinism
     "--deterministic-mode": f"{LOOP}::test_two_sharded_offloaded_rank_runs_keep_parity_exact_repeat_bit_for_bit_and_eval_on_their_interval",
     # logging
