@@ -77,11 +77,15 @@ def _dtype(word: str) -> str:
     return _DTYPE_WORDS[word]
 
 
-def _sde_window_size(value: str) -> int | None:
+EVERY_STEP = -1  # `--diffusion-sde-window-size 0`, resolved to --diffusion-num-steps once both are parsed
+
+
+def _sde_window_size(value: str) -> int:
     from miles.utils.arguments import non_negative_int
 
-    size = non_negative_int(value)
-    return size or None  # 0: no window, every step is an SDE step and trained
+    # 0: no window, every step is an SDE step and trained -- explicitly all of them, since an unset
+    # --diffusion-num-sde-steps means the reference's fraction of the steps (docs/algorithms.md)
+    return non_negative_int(value) or EVERY_STEP
 
 
 def _sde_window_range(value: str) -> int:
@@ -133,8 +137,11 @@ def add_public_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def normalize_public_values(namespace: argparse.Namespace) -> None:
-    """Values whose public form differs in shape: `--eval-prompt-data [NAME] PATH` becomes the path,
-    with the name kept as `eval_prompt_name` (eval metrics are also logged under it)."""
+    """Values whose public form differs in shape: `--diffusion-sde-window-size 0` becomes every step;
+    `--eval-prompt-data [NAME] PATH` becomes the path, with the name kept as `eval_prompt_name` (eval
+    metrics are also logged under it)."""
+    if getattr(namespace, "diffusion_num_sde_steps", None) == EVERY_STEP:
+        namespace.diffusion_num_sde_steps = namespace.diffusion_num_steps
     value = getattr(namespace, "eval_prompt_data", None)
     if isinstance(value, (list, tuple)):
         if len(value) > 2:

@@ -207,10 +207,13 @@ def _dtypes(ns: Namespace, family: FamilyFacts) -> None:
         raise ConfigError(f"--compute-dtype {ns.compute_dtype} with --rollout-dtype {ns.rollout_dtype}: train "
                           f"forwards and engine forwards differ, so parity with the engines cannot be exact; "
                           f"fix: --rollout-dtype {ns.compute_dtype} (or --compute-dtype {ns.rollout_dtype})")
-    for flag, value in (("--compute-dtype", ns.compute_dtype), ("--param-dtype", ns.param_dtype)):
-        if value == "float16":  # fp16 gradients underflow without a loss scaler, which this trainer has not
+    # fp16 gradients underflow without a loss scaler, which this trainer has not; bf16 has fp32's
+    # exponent range (no scaler needed), and a master copy is best kept in float32
+    for flag, value, fix in (("--compute-dtype", ns.compute_dtype, "bfloat16"),
+                             ("--param-dtype", ns.param_dtype, "float32 (or bfloat16)")):
+        if value == "float16":
             raise ConfigError(f"{flag} float16: training in fp16 needs a gradient scaler, which this trainer does "
-                              f"not have; fix: {flag} bfloat16 (fp32's exponent range, no scaler needed)")
+                              f"not have; fix: {flag} {fix}")
     if ns.param_dtype not in ("float32", ns.compute_dtype):
         other = (f"--param-dtype {ns.compute_dtype}" if ns.compute_dtype != "float32" else
                  f"--compute-dtype {ns.param_dtype} --rollout-dtype {ns.param_dtype}")

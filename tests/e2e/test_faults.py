@@ -153,11 +153,15 @@ def assert_checkpoint_loads(run: RecipeRun, rollout_id: int) -> None:
     torch.load(found[1] / "driver.pt", weights_only=False)
 
 
-def assert_failure_line(run: RecipeRun, *words: str) -> str:
+def assert_failure_line(run: RecipeRun, *words: str, resumable: bool = True) -> str:
+    """The launcher's last line names the fault; the resume command only after a cause that does
+    not repeat (a deterministic one would fail the same way again)."""
     line = last_line(run)
     assert line.startswith("error: the training job failed"), run.report(f"last line: {line}")
-    for word in (*words, "node ", "last committed checkpoint", "resume: python3 ", "--load "):
+    hint = ("resume: python3 ", "--load ") if resumable else ("not resumable as is",)
+    for word in (*words, "node ", "last committed checkpoint", *hint):
         assert word in line, run.report(f"{word!r} missing from the last line: {line}")
+    assert resumable or "resume:" not in line, run.report(f"a resume command after a deterministic cause: {line}")
     return line
 
 
@@ -224,7 +228,8 @@ def test_hung_reward_worker_ends_at_its_deadline_and_the_printed_command_resumes
 def test_nan_loss_stops_the_run_before_the_update_is_saved_and_is_not_restarted(runs):
     run = runs("nan", extra_args("nan@1", max_restarts=1))
     assert run.returncode not in (0, None)
-    line = assert_failure_line(run, "train rank 0", "non-finite train/loss=nan", "[deterministic]")
+    line = assert_failure_line(run, "train rank 0", "non-finite train/loss=nan", "[deterministic]",
+                               resumable=False)
     assert "restart 1/1" not in run.log_path.read_text()
     assert ended_at(run) - fault_time(run, "nan@1") <= END_WITHIN_S
     assert_checkpoint_loads(run, 0)
@@ -280,7 +285,7 @@ def _is_launcher(pid: int) -> bool:
 def test_full_disk_during_a_save_keeps_the_last_checkpoint_and_names_the_error(runs):
     run = runs("disk-full", extra_args("disk-full@1", max_restarts=1))
     assert run.returncode not in (0, None)
-    assert_failure_line(run, "File too large", "[deterministic]")
+    assert_failure_line(run, "File too large", "[deterministic]", resumable=False)
     assert ended_at(run) - fault_time(run, "disk-full@1") <= END_WITHIN_S + 30  # rollout 1 runs before its save
     assert_checkpoint_loads(run, 0)
     assert not (save_dir(run) / "rollout_000001").exists()

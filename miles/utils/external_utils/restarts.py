@@ -103,8 +103,8 @@ DETERMINISTIC = "deterministic"
 
 def failure_line(attempt: Attempt, save: str | None, resume: str, job_log: Path, *, gave_up: str = "") -> str:
     """The launcher's last line after a failure. The resume command only where a committed
-    checkpoint exists; after a deterministic failure (bad input or data, a NaN, a full disk)
-    following it as is would fail the same way, so the line says to fix the cause first."""
+    checkpoint exists and the cause is not deterministic: after a bad input or data, a NaN or a
+    full disk, resuming would fail the same way, so the line names the cause to fix instead."""
     cause = attempt.cause or f"the training job exited with status {attempt.exit} (no failure record: see the job log)"
     kind = f" [{attempt.kind}]" if attempt.kind and f"[{attempt.kind}]" not in cause else ""
     found = latest_checkpoint(save)
@@ -113,7 +113,7 @@ def failure_line(attempt: Attempt, save: str | None, resume: str, job_log: Path,
     if not found:
         hint = ""
     elif attempt.kind == DETERMINISTIC:
-        hint = f"after fixing the cause, resume: {resume}; "
+        hint = "not resumable as is: the cause repeats on every try, fix it first; "
     else:
         hint = f"resume: {resume}; "
     return f"error: the training job failed (exit {attempt.exit}): {cause}{kind}{gave_up}; {ckpt}; {hint}job log: {job_log}"

@@ -87,6 +87,9 @@ def test_ensure_checkpoint_rebuilds_a_tiny_checkpoint_cached_before_the_fit(tmp_
         marker = cc.vae_fit_marker(family, size)
         index = {"vae": ["diffusers", "AutoencoderKL"]}  # as a real build records its VAE
         (out / "model_index.json").write_text(json.dumps(index if marker is None else {**index, "_miles_vae_fit": marker}))
+        (out / "vae").mkdir(exist_ok=True)  # complete, as a real build leaves it: a config and weights
+        (out / "vae" / "config.json").write_text("{}")
+        (out / "vae" / "diffusion_pytorch_model.safetensors").write_bytes(b"")
         built.append(family)
         return out
 

@@ -11,18 +11,16 @@ from pathlib import Path
 
 import pytest
 
+from tests.unit.testing.test_recipe_checklist import scratch_repo
+
 REPO = Path(__file__).resolve().parents[3]
 PUBLIC_RECIPE = Path(__file__).with_name("public_layout_recipe.py")
 SNAPSHOT = "tests/e2e/__snapshots__/test_dry/test_dry[team.run_public_layout_demo-dry].txt"
 
 
 def _scratch_repo(tmp_path: Path) -> Path:
-    root = tmp_path / "repo"
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    for folder in ("scripts", "tests/e2e"):
-        shutil.copytree(REPO / folder, root / folder, ignore=ignore)
-    for name in ("train_diffusion.py", "conftest.py", "pyproject.toml"):
-        shutil.copy(REPO / name, root / name)
+    """A scratch copy of the catalog with the public-layout recipe dropped into scripts/team/."""
+    root = scratch_repo(tmp_path)
     (root / "scripts" / "team").mkdir()
     shutil.copy(PUBLIC_RECIPE, root / "scripts" / "team" / "run_public_layout_demo.py")
     return root

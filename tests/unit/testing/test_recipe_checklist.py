@@ -58,7 +58,8 @@ def _sh(root: Path, command: str, timeout: int = 60, **extra_env) -> subprocess.
     return result
 
 
-def _scratch_repo(tmp_path: Path) -> Path:
+def scratch_repo(tmp_path: Path) -> Path:
+    """The catalog, its e2e tests and the harness entry points copied to a scratch repository."""
     root = tmp_path / "repo"
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
     for folder in ("scripts", "tests/e2e"):
@@ -80,7 +81,7 @@ def test_the_recipe_checklist_taken_literally_reaches_a_passing_dry_check(tmp_pa
                  "locked_flags", "--help", "MILES_SCRIPT_ENABLE_RAY_SUBMIT=0", "--validate-only",
                  "--snapshot-update", "-m dry"):
         assert step in CHECKLIST, step
-    root = _scratch_repo(tmp_path)
+    root = scratch_repo(tmp_path)
 
     # 1. copy the closest recipe to scripts/run_<what>.py
     text = (root / CLOSEST).read_text()
