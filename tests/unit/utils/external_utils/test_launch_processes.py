@@ -138,10 +138,11 @@ def _leaderless_session_child(env):
         env=env, stdout=subprocess.PIPE, text=True, start_new_session=True)
     child = int(starter.stdout.readline())
     starter.wait(timeout=10)
-    # `$!` is known at the fork, before the child has exec'd `env -u`: until then it still carries
-    # the token (seen once under a loaded suite); wait for the sleeper's own command line
+    # `$!` is known at the fork, before the child has exec'd `env -u` and `env` has exec'd python:
+    # until then it still carries the token (seen under a loaded suite). `env`'s own command line
+    # holds the sleeper's words too, so wait until python is the program (its first argument)
     deadline = time.monotonic() + 10
-    while b"time.sleep(120)" not in Path(f"/proc/{child}/cmdline").read_bytes():
+    while Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")[0] != sys.executable.encode():
         assert time.monotonic() < deadline, "the daemon never started"
         time.sleep(0.01)
     return starter.pid, child
