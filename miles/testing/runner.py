@@ -19,7 +19,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from miles.testing.cases import RecipeCase
 from miles.testing.invariants import PARITY_KEYS
@@ -50,6 +50,22 @@ def token_pids(token: str, env_name: str = TOKEN_ENV) -> list[int]:
 describe = _processes.describe
 
 
+# Ray's job supervisor watches its job with `while kill -s 0 <pid>; do sleep 1; done` in the job's
+# environment, so a `sleep 1` of it can outlive a finished job by up to a second (seen once: 0.8 s
+# old, on an external cluster the launcher does not tear down). Such a process is not one the
+# launcher left behind: give it this long to go by itself before the harness counts what it ends.
+WATCHDOG_SETTLE_S = 1.5
+
+
+def _let_watchdogs_finish(token: str, poll: Callable[[], None]) -> None:
+    deadline = time.monotonic() + WATCHDOG_SETTLE_S
+    while time.monotonic() < deadline:
+        poll()
+        if not _processes.pids_with_token(token, TOKEN_ENV):
+            return
+        time.sleep(0.1)
+
+
 def end_processes(
     token: str | None,
     pgid: int | None = None,
@@ -73,6 +89,7 @@ def end_processes(
         for p in reap:
             p.poll()
 
+    _let_watchdogs_finish(token, poll_children)
     found: dict[int, str] = {}
     # the launcher waits out a raylet's respawns (processes.QUIET_S) before it exits; behind it this
     # backstop needs a shorter quiet window (it is the first cleanup only when the launcher was killed)
