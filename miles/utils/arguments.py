@@ -129,7 +129,7 @@ def unrecognized_message(extras: Sequence[str], known_flags: Sequence[str]) -> s
     for token in extras:
         close = []
         refused = refusal(token) if token.startswith("--") else None
-        if refused:  # its name only: a refused flag's value may be a secret (--wandb-key)
+        if refused:  # its name only: a refused flag's value may be a secret (a wandb key)
             described.append(f"{token.split('=', 1)[0]} ({refused})")
             skipping_values = True
             continue
