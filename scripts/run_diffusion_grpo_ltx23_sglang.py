@@ -98,7 +98,9 @@ def execute(args: ScriptArgs, assets: U.Assets) -> None:
 
     lora_args = ""  # full finetune
 
-    perf_args = U.tile_args(scale.tile_samples) + U.gradient_checkpointing_args(scale.device)
+    # the engines sample in microgroups of the tile, so each train forward is one the engines ran
+    perf_args = (U.tile_args(scale.tile_samples) + f"--rollout-microgroup-size {scale.tile_samples} "
+                 + U.gradient_checkpointing_args(scale.device))
 
     job.execute_train(rollout_args=rollout_args, grpo_args=grpo_args, optimizer_args=optimizer_args,
                       lora_args=lora_args, perf_args=perf_args)

@@ -124,7 +124,9 @@ def execute(args: ScriptArgs, assets: U.Assets) -> None:
 
     reward_args = U.cpu_reward_args("ocr", scale.rm_num_workers)
 
-    perf_args = U.tile_args(scale.tile_samples) + U.gradient_checkpointing_args(scale.device)
+    # the engines sample in microgroups of the tile, so each train forward is one the engines ran
+    perf_args = (U.tile_args(scale.tile_samples) + f"--rollout-microgroup-size {scale.tile_samples} "
+                 + U.gradient_checkpointing_args(scale.device))
 
     job.execute_train(rollout_args=rollout_args, grpo_args=grpo_args, optimizer_args=optimizer_args,
                       lora_args=lora_args, reward_args=reward_args, perf_args=perf_args)

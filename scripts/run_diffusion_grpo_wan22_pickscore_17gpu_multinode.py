@@ -182,7 +182,8 @@ def execute(args: ScriptArgs, assets: U.Assets) -> None:
                                                 sharded=scale.sharded)
 
     # one pair per forward: one expert
-    perf_args = U.flat_micro_batch_args(1) + U.gradient_checkpointing_args(scale.device)
+    # one pair per forward; the engines sample one sample at a time, so each train forward is one they ran
+    perf_args = U.flat_micro_batch_args(1) + "--rollout-microgroup-size 1 " + U.gradient_checkpointing_args(scale.device)
 
     job.execute_train(rollout_args=rollout_args, grpo_args=grpo_args, optimizer_args=optimizer_args,
                       lora_args=lora_args, train_backend_args=train_backend_args, perf_args=perf_args)

@@ -6,9 +6,8 @@ What it trains:
     experts: `transformer` above the boundary (t >= 0.875 x 1000), `transformer_2` below it,
     each with its own guidance scale (--diffusion-guidance-scale / -2). Exploration happens in
     the high-noise phase, where the layout of the video is decided: the 2-step SDE window always
-    ends before the boundary, so only `transformer` is trained and synced, and a flat
-    `--micro-batch-size 2` (the two trained steps of one sample) never mixes the experts in
-    one forward. The low-noise expert still runs in every rollout, with its own guidance scale.
+    ends before the boundary, so only `transformer` is trained and synced, and a forward of
+    2 samples at one timestep (the engines' microgroup of 2) never mixes the experts. The low-noise expert still runs in every rollout, with its own guidance scale.
 
 Prerequisites:
     --scale full: `<model-dir>/Wan2.2-T2V-A14B-Diffusers` (diffusers layout, both experts) and
@@ -110,8 +109,9 @@ def execute(args: ScriptArgs, assets: U.Assets) -> None:
     # on `transformer`, the high-noise expert: the only module the job trains and syncs
     lora_args = "--use-lora --lora-rank 32 --lora-alpha 64 "
 
-    # 2 consecutive pairs = one sample's two trained steps, always on one expert
-    perf_args = U.flat_micro_batch_args(2) + U.gradient_checkpointing_args(scale.device)
+    # 2 samples x 1 timestep per forward, always on one expert; the engines sample in microgroups of
+    # those 2 samples, so each train forward is one the engines ran
+    perf_args = U.tile_args(2) + "--rollout-microgroup-size 2 " + U.gradient_checkpointing_args(scale.device)
 
     job.execute_train(rollout_args=rollout_args, grpo_args=grpo_args, optimizer_args=optimizer_args,
                       lora_args=lora_args, perf_args=perf_args)

@@ -236,7 +236,7 @@ class TrainRank:
                 for micro in probed_extra_micro_batches(schedule, limit, first_window_free=not nft):
                     with torch.no_grad():
                         self._forward(batch, micro, probe)
-            v_old = self._old_velocities(batch, shard) if nft else None
+            v_old = self._old_velocities(batch, schedule) if nft else None
 
         totals: dict[str, float] = {}
         for window_index, window in enumerate(schedule):
@@ -384,12 +384,13 @@ class TrainRank:
         return x_t, x0, sigma, Conditioning.cat([t.cond for t in trajs]), guidance, expert
 
     @torch.no_grad()
-    def _old_velocities(self, batch: RolloutBatch, shard: list[Pair]) -> dict[Pair, torch.Tensor]:
-        """The sampling policy's velocities (called under `_rollout_policy_weights`)."""
+    def _old_velocities(self, batch: RolloutBatch, schedule: list[list[list[Pair]]]) -> dict[Pair, torch.Tensor]:
+        """The sampling policy's velocities (called under `_rollout_policy_weights`), forwarded in the
+        train micro-batches themselves: at equal weights they are then the training forward's bits."""
         out = {}
-        for p in shard:
-            x_t, _, sigma, cond, guidance, expert = self._renoised(batch, [p])
-            out[p] = self.fmodel.velocity(x_t, sigma, cond, guidance, expert)[0]
+        for micro in (mb for window in schedule for mb in window):
+            x_t, _, sigma, cond, guidance, expert = self._renoised(batch, micro)
+            out.update(zip(micro, self.fmodel.velocity(x_t, sigma, cond, guidance, expert)))
         return out
 
     # -- DiffusionNFT's old policy (--ema-rollout-policy ema) ---------------------------------

@@ -1,9 +1,13 @@
 """Load a diffusers-layout checkpoint (ours or a released one) into a `DiffusionModel`.
 
 `DiffusionModel.velocity` is the one forward both the rollout engine and the trainer call. It
-evaluates each sample on its own, prompt pass then negative pass, so its result for a sample
-does not depend on what else is in the batch or on whether autograd is recording: that is what
-lets the trainer's recomputation match the engine's rollout bit for bit.
+runs a whole batch in one transformer call per expert, with the negative prompt laid out as the
+family's diffusers pipeline lays it out (`FamilyModule.cfg_in_one_call`). A forward's last bits
+depend on its inputs and on its shapes (a oneDNN convolution or a Linear at batch 1 and at batch 2
+round differently), not on whether autograd is recording: so the trainer reproduces an engine's
+output bit for bit by calling this with exactly the batch the engine used, the samples of one
+microgroup at one step in the engine's order (the batch plan's rollout tile,
+`miles.utils.batching`).
 """
 
 from __future__ import annotations
@@ -222,9 +226,9 @@ class DiffusionModel:
                  expert: str | None = None, detach_uncond: bool = False) -> torch.Tensor:
         """Guided velocity for latents x [B, ...] at sigma (float or [B]); fp32 [B, ...].
 
-        `expert` picks the transformer component; None picks it per sample from sigma.
-        `detach_uncond` runs the unconditional branch without gradient (flow_grpo's SD3 trainer
-        detaches it); its values are the same either way.
+        `expert` picks the transformer component; None picks it per sample from sigma (one call per
+        expert present). `detach_uncond` takes no gradient through the unconditional branch
+        (flow_grpo's SD3 trainer detaches it); its values, and the call's shapes, stay the same.
         """
         batch = x.shape[0]
         sigmas = torch.as_tensor(sigma, dtype=torch.float32).reshape(-1).cpu()
@@ -233,20 +237,39 @@ class DiffusionModel:
         if cond.batch_size != batch:
             raise ValueError(f"conditioning has batch {cond.batch_size}, latents {batch}")
         guided = cond.negative is not None and guidance_scale > 1.0  # the pipelines guide only when g > 1
-        outputs = []
-        for i in range(batch):
-            s = sigmas[i : i + 1].to(self.device)
-            name = expert or self.expert_for(float(s))
-            transformer = self.transformers[name]
-            xi = x[i : i + 1].to(device=self.device, dtype=self.dtype)
-            one = cond.select(i).to(self.device)
-            out = self.spec.module.forward(self.parts, transformer, xi, s, one.positive).float()
-            if guided:
-                with torch.no_grad() if detach_uncond else contextlib.nullcontext():
-                    uncond = self.spec.module.forward(self.parts, transformer, xi, s, one.negative).float()
-                out = self.spec.module.guide(out, uncond, guidance_scale)
-            outputs.append(out)
-        return torch.cat(outputs)
+        scale = guidance_scale if guided else None
+        names = [expert] * batch if expert else [self.expert_for(float(s)) for s in sigmas]
+        if len(set(names)) == 1:
+            return self._expert_velocity(names[0], x, sigmas, cond, scale, detach_uncond)
+        # several experts (SFT draws sigmas across the boundary): one call each, rows put back in order
+        rows = {name: [i for i, n in enumerate(names) if n == name] for name in dict.fromkeys(names)}
+        parts = [self._expert_velocity(name, x[idx], sigmas[idx], _select_rows(cond, idx), scale, detach_uncond)
+                 for name, idx in rows.items()]
+        order = torch.tensor([i for idx in rows.values() for i in idx]).argsort()
+        return torch.cat(parts)[order.to(parts[0].device)]
+
+    def _expert_velocity(self, name: str, x: torch.Tensor, sigmas: torch.Tensor, cond: Conditioning,
+                         scale: float | None, detach_uncond: bool) -> torch.Tensor:
+        """One expert's (guided) velocity of the whole batch; guidance as the family's pipeline runs it."""
+        module, transformer = self.spec.module, self.transformers[name]
+        x = x.to(device=self.device, dtype=self.dtype)
+        s = sigmas.to(self.device)
+        cond = cond.to(self.device)
+
+        def forward(latents, sig, tensors):
+            return module.forward(self.parts, transformer, latents, sig, tensors).float()
+
+        if scale is None:
+            return forward(x, s, cond.positive)
+        if module.cfg_in_one_call:  # [negative; prompt] in one call, as the pipeline concatenates them
+            joined = {k: torch.cat([cond.negative[k], cond.positive[k]]) for k in cond.positive}
+            uncond, out = forward(torch.cat([x, x]), torch.cat([s, s]), joined).chunk(2)
+            uncond = uncond.detach() if detach_uncond else uncond
+        else:  # the pipeline's two calls: the prompt's, then the negative prompt's
+            out = forward(x, s, cond.positive)
+            with torch.no_grad() if detach_uncond else contextlib.nullcontext():
+                uncond = forward(x, s, cond.negative)
+        return module.guide(out, uncond, scale)
 
     def initial_latents(self, noise: torch.Tensor, sigmas: list[float]) -> torch.Tensor:
         """The first state from standard normal noise: the noise itself at sigma 1; an EDM pipeline
@@ -264,11 +287,9 @@ class DiffusionModel:
 
     @torch.no_grad()
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
-        """[B, ...] latents -> [B, 3, H, W] (video: [B, F, 3, H, W]) float in [0, 1], on the CPU."""
-        return torch.cat([
-            self.spec.module.decode(self.parts, latents[i : i + 1].to(self.device)).float().cpu()
-            for i in range(latents.shape[0])
-        ])
+        """[B, ...] latents -> [B, 3, H, W] (video: [B, F, 3, H, W]) float in [0, 1], on the CPU; the
+        batch in one VAE call, as the pipeline decodes."""
+        return self.spec.module.decode(self.parts, latents.to(self.device)).float().cpu()
 
     @torch.no_grad()
     def encode_images(self, pixels: torch.Tensor) -> torch.Tensor:
@@ -320,6 +341,11 @@ class DiffusionModel:
                                  f"expected {list(own[target].shape)}")
             with torch.no_grad():
                 own[target].copy_(value.to(own[target].dtype))
+
+
+def _select_rows(cond: Conditioning, rows: list[int]) -> Conditioning:
+    pick = lambda d: None if d is None else {k: t[rows] for k, t in d.items()}  # noqa: E731
+    return Conditioning(pick(cond.positive), pick(cond.negative))
 
 
 # conditioning parts: only prompt encoding reads them (an engine; a trainer only under SFT)

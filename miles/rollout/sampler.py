@@ -1,7 +1,14 @@
 """Sample trajectories from a DiffusionModel: noise -> latents, recording every step.
 
+A microgroup (samples of one prompt, `--rollout-microgroup-size` of them) is denoised as one batch:
+at each step one forward of the whole microgroup (`DiffusionModel.velocity`), and one VAE decode at
+the end. The model's bits depend on that batch, so the trainer recomputes a step with exactly the
+microgroup the engine forwarded, in its order (the batch plan's rollout tile). Microgroups are cut
+from each prompt's samples in request order, and an engine receives whole prompts, so the tiles are
+the same whatever the engine count.
+
 Each sample draws all its noise (initial latents, then one draw per step) from its own generator
-seeded with its request's seed, in step order, so a sample is the same whichever microgroup or
+seeded with its request's seed, in step order, so its noise is the same whichever microgroup or
 engine it lands in. Steps in `trained_steps` use the SDE type and record a log-prob; the others
 run as ODE.
 """
@@ -69,6 +76,8 @@ def _denoise(model: DiffusionModel, requests: list[SampleRequest], params: Sampl
 
     cond: Conditioning = model.encode_prompts([r.prompt for r in requests], params.negative_prompt,
                                               params.max_sequence_length)
+    # one generator per sample, drawn one by one: what keeps a sample's noise independent of the
+    # microgroup it lands in (a batched draw from one generator would depend on its neighbours)
     generators = [torch.Generator().manual_seed(r.seed) for r in requests]
     draw = lambda: torch.stack([torch.randn(shape, generator=g) for g in generators])  # noqa: E731
 

@@ -225,9 +225,10 @@ def _batch(parser) -> None:
                    help="samples per optimizer step; unset: derived from --num-steps-per-rollout")
     g.add_argument("--num-steps-per-rollout", type=positive_int, default=None,
                    help="optimizer steps per rollout; unset: derived from --global-batch-size, or 1")
-    g.add_argument("--micro-batch-size", type=positive_int, default=1,
-                   help="flat micro-batch: consecutive train pairs per backward pass (their graphs are held "
-                        "together; each model forward still runs one sample)")
+    g.add_argument("--micro-batch-size", type=positive_int, default=None,
+                   help="flat micro-batch: consecutive train pairs per forward and backward pass (None: the "
+                        "rollout tile, one microgroup x 1 timestep; 1 without rollouts); with rollouts every "
+                        "forward must be one microgroup at one timestep, as the engines ran it")
     g.add_argument("--micro-batch-size-sample", type=positive_int, default=None,
                    help="2D tile: samples per backward pass (with --micro-batch-size-tstep; overrides the flat "
                         "size)")

@@ -11,7 +11,8 @@ import re
 from argparse import Namespace
 
 from miles.utils.batching import (
-    BatchLayoutError, BatchPlan, MicroBatchSpec, expand_pairs, micro_batches, shard_pairs, split_steps,
+    BatchLayoutError, BatchPlan, MicroBatchSpec, expand_pairs, micro_batches, rollout_tile_mismatch, shard_pairs,
+    split_steps,
 )
 from miles.utils.families import FamilyFacts, UnknownFamilyError, get_family_facts, resolve_family
 from miles.utils.schedule import expert_index_for_step, sigma_schedule
@@ -107,6 +108,7 @@ def compute_batch_plan(ns: Namespace) -> BatchPlan:
     sigmas = tuple(sigma_schedule(ns.diffusion_num_steps, shift_of(ns, family)))
     experts = _experts_per_step(family, sigmas, ns.diffusion_num_steps)
     _check_phase_purity(ns, family, experts, forwards)
+    _check_rollout_tiles(ns, dp_size, steps_per_rollout, spec, forwards)
     window = windows[0][0]
     return BatchPlan(
         family=family.name,
@@ -128,6 +130,7 @@ def compute_batch_plan(ns: Namespace) -> BatchPlan:
         trainable_steps=trainable_steps(ns),
         sigmas=sigmas if experts else (),
         experts=experts,
+        rollout_tile_samples=rollout_microgroup(ns) or 0,
     )
 
 
@@ -136,14 +139,84 @@ def shift_of(ns: Namespace, family: FamilyFacts) -> float:
 
 
 def micro_batch_spec(ns: Namespace) -> MicroBatchSpec:
+    """The micro-batch flags; none given: the rollout tile (one microgroup x 1 timestep), or one pair
+    per forward without rollouts (SFT)."""
     tile = (ns.micro_batch_size_sample, ns.micro_batch_size_tstep)
     if (tile[0] is None) != (tile[1] is None):
         raise ConfigError(
             f"--micro-batch-size-sample {tile[0]} and --micro-batch-size-tstep {tile[1]}: a 2D tile "
             f"needs both; fix: set both, or neither to use the flat --micro-batch-size"
         )
-    return MicroBatchSpec(size=ns.micro_batch_size, tile_samples=tile[0], tile_steps=tile[1],
+    if ns.micro_batch_size is None and tile[0] is None:
+        group = rollout_microgroup(ns)
+        tile = (group, 1) if group else tile
+    return MicroBatchSpec(size=ns.micro_batch_size or 1, tile_samples=tile[0], tile_steps=tile[1],
                           iter_order=ns.diffusion_train_iter_order)
+
+
+def rollout_microgroup(ns: Namespace) -> int | None:
+    """Samples per engine forward when the trainer recomputes rollouts; None under SFT (no rollouts)."""
+    if ns.loss_type == "sft_loss":
+        return None
+    return ns.rollout_microgroup_size or ns.n_samples_per_prompt
+
+
+# ---- the rollout tile: every train forward is one the engines ran ----
+
+def _check_rollout_tiles(ns: Namespace, dp_size: int, steps_per_rollout: int, spec: MicroBatchSpec,
+                         forwards) -> None:
+    group = rollout_microgroup(ns)
+    if group is None:
+        return
+    problem = _tile_problem(forwards, group)
+    if problem is None:
+        return
+    raise ConfigError(
+        f"the micro-batch (--micro-batch-size: {spec.describe()}) cannot reproduce the engines' forwards: {problem}, and each train "
+        f"forward must be one microgroup of --rollout-microgroup-size {group} samples at one timestep, as the "
+        f"engines ran it (else parity is not exact); fix: {_rollout_tile_fix(ns, dp_size, steps_per_rollout)}"
+    )
+
+
+def _tile_problem(forwards, group: int) -> str | None:
+    for rank in forwards:
+        for step in rank:
+            for forward in step:
+                problem = rollout_tile_mismatch(forward, group)
+                if problem is not None:
+                    return problem
+    return None
+
+
+def _rollout_tile_fix(ns: Namespace, dp_size: int, steps_per_rollout: int) -> str:
+    """The first of the usual layouts that reproduces the rollout tile under these flags."""
+    group = rollout_microgroup(ns)
+    flat = {"micro_batch_size_sample": None, "micro_batch_size_tstep": None}
+    candidates = [
+        (f"--micro-batch-size-sample {group} --micro-batch-size-tstep 1",
+         {"micro_batch_size_sample": group, "micro_batch_size_tstep": 1}),
+        (f"--micro-batch-size-sample {group} --micro-batch-size-tstep 1 --train-dp-split-mode contiguous",
+         {"micro_batch_size_sample": group, "micro_batch_size_tstep": 1, "train_dp_split_mode": "contiguous"}),
+        (f"--micro-batch-size {group} (one trained step per sample)", {**flat, "micro_batch_size": group}),
+        ("--rollout-microgroup-size 1 --micro-batch-size 1",
+         {**flat, "rollout_microgroup_size": 1, "micro_batch_size": 1}),
+    ]
+    if ns.micro_batch_size_sample and ns.n_samples_per_prompt % ns.micro_batch_size_sample == 0:
+        candidates.insert(0, (f"--rollout-microgroup-size {ns.micro_batch_size_sample} --micro-batch-size-tstep 1",
+                              {"rollout_microgroup_size": ns.micro_batch_size_sample, "micro_batch_size_tstep": 1}))
+    for text, changes in candidates:
+        if _reproduces(Namespace(**{**vars(ns), **changes}), dp_size, steps_per_rollout):
+            return text
+    return (f"--rollout-microgroup-size 1 --micro-batch-size 1 with --rollout-batch-size, --n-samples-per-prompt "
+            f"and --num-steps-per-rollout that deal whole samples")
+
+
+def _reproduces(ns: Namespace, dp_size: int, steps_per_rollout: int) -> bool:
+    try:
+        forwards = _tile_all(_all_windows(ns, dp_size, steps_per_rollout), micro_batch_spec(ns))
+    except ConfigError:
+        return False
+    return _tile_problem(forwards, rollout_microgroup(ns)) is None
 
 
 def _check_step_choice(ns: Namespace) -> None:

@@ -10,6 +10,12 @@ to pick its pairs, so what the plan promises is what gets trained:
         for micro_batch in micro_batches(window, plan):             # one forward each
             ...
 
+A forward's last bits depend on its batch, so where the pairs come from rollouts each forward must
+be exactly one the engine ran: the samples of one microgroup (`--rollout-microgroup-size`
+consecutive samples of one prompt), all of them and in order, at one step (`rollout_tile_mismatch`;
+the validator refuses a layout with any other forward). That is what keeps the parity probe at
+exactly 0.0 and the first step's ratio at exactly 1.
+
 `dp_rank` is the data-parallel rank: sequence-parallel ranks of one DP group share a shard.
 `trained_steps` is the ascending list of denoising-step indices the step strategy chose for this
 rollout; every sample of the rollout trains the same steps.
@@ -107,6 +113,22 @@ def _chunk_flat(window: Sequence[Pair], size: int) -> list[list[Pair]]:
     return [list(window[i:i + size]) for i in range(0, len(window), size)]
 
 
+def rollout_tile_mismatch(forward: Sequence[Pair], microgroup_size: int) -> str | None:
+    """Why a forward's pairs are not one engine forward (the `microgroup_size` samples of one
+    microgroup, ascending, at one step), or None when they are. Samples are numbered prompt-major
+    and microgroups cut each prompt's samples in order, so microgroup k is samples kM .. kM + M - 1."""
+    steps = sorted({pair.step for pair in forward})
+    if len(steps) != 1:
+        return f"a forward would hold {len(steps)} timesteps"
+    samples = [pair.sample for pair in forward]
+    first = samples[0] - samples[0] % microgroup_size
+    if samples != list(range(first, first + microgroup_size)):
+        shown = samples if len(samples) <= 4 else samples[:3] + ["..."]
+        return (f"a forward would hold samples {shown}, not microgroup {first // microgroup_size}'s "
+                f"{microgroup_size} samples {first}..{first + microgroup_size - 1}")
+    return None
+
+
 def window_grid(window: Sequence[Pair]) -> tuple[list[int], list[int]]:
     """The window's samples (first-seen order) and steps (ascending) if it is a full grid."""
     samples = list(dict.fromkeys(pair.sample for pair in window))
@@ -174,6 +196,7 @@ class BatchPlan:
     trainable_steps: tuple[int, ...]  # every step some allowed strategy choice can train
     sigmas: tuple[float, ...] = ()
     experts: tuple[str, ...] = ()  # expert component per denoising step; () with one expert
+    rollout_tile_samples: int = 0  # samples of the engines' forwards every forward reproduces; 0: no rollouts (SFT)
 
     @property
     def pairs_per_forward(self) -> int:
@@ -200,6 +223,8 @@ class BatchPlan:
             ("pairs per rank", str(self.pairs_per_rank)),
             ("pairs per optimizer step per rank", str(self.pairs_per_step_per_rank)),
             ("micro-batch", self.micro_batching.describe()),
+            *([("rollout tile", f"{self.rollout_tile_samples} samples (one microgroup) x 1 timestep, as the "
+                                f"engines forward them; every forward is one")] if self.rollout_tile_samples else []),
             ("pairs per forward", str(self.pairs_per_forward)),
             ("forwards per optimizer step", str(self.forwards_per_step)),
         ]

@@ -283,9 +283,7 @@ def _text_tokens(ns: Namespace) -> int:
 
 
 def _pairs_per_forward(ns: Namespace, plan) -> int:
-    if ns.micro_batch_size_sample and ns.micro_batch_size_tstep:
-        return ns.micro_batch_size_sample * ns.micro_batch_size_tstep
-    return ns.micro_batch_size
+    return plan.pairs_per_forward  # the flags, or the rollout tile they default to
 
 
 def _guided(ns: Namespace) -> bool:

@@ -55,6 +55,11 @@ def fill_derived_values(ns: Namespace, family: FamilyFacts, plan: BatchPlan) -> 
     ns.rollout_num_gpus = rollout_gpus(ns)
     ns.num_nodes = job_nodes(ns)
     ns.rollout_microgroup_size = ns.rollout_microgroup_size or ns.n_samples_per_prompt
+    if ns.micro_batch_size is None:  # unset: the plan's layout (the rollout tile), written as its flags
+        spec = plan.micro_batching
+        ns.micro_batch_size = spec.size
+        if spec.is_2d:
+            ns.micro_batch_size_sample, ns.micro_batch_size_tstep = spec.tile_samples, spec.tile_steps
     ns.update_weight_target_module = ns.update_weight_target_module or list(family.transformer_components)
     ns.diffusion_kl_reference = kl_reference(ns)
     if ns.weight_sync == "bucketed":

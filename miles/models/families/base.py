@@ -3,7 +3,7 @@
 A family module describes its checkpoint (the components and their configs per size, so
 `create_checkpoint` can build them) and the three calls that differ between diffusers models:
 prompts -> conditioning tensors, one transformer forward, latents -> pixels. Everything else
-(guidance, batch invariance) lives in `miles.models.loader`, the schedule in
+(guidance, batching) lives in `miles.models.loader`, the schedule in
 `miles.utils.schedule`. Where a family's pipeline differs (how it builds sigmas, pads prompts or
 combines guided outputs) the family says so here, in the pipeline's own terms.
 """
@@ -39,6 +39,9 @@ class FamilyModule:
     other_pipeline_classes: tuple[str, ...] = ()  # released checkpoints that name another one
     max_sequence_length: int = 77  # the pipeline's default `max_sequence_length` for prompt tokens
     linspace_sigmas: bool = False  # the pipeline passes sigmas=linspace(1, 1/N, N) to set_timesteps
+    # guidance as the pipeline runs it: one transformer call on [negative; prompt] (SD3, LTX), or a
+    # call for the prompt then one for the negative prompt (Wan, Qwen-Image, Cosmos2)
+    cfg_in_one_call: bool = False
 
     @property
     def facts(self) -> FamilyFacts:

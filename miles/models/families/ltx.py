@@ -20,6 +20,7 @@ class LTX(FamilyModule):
     name = "ltx"
     pipeline_class = "LTXPipeline"
     max_sequence_length = 128
+    cfg_in_one_call = True  # the pipeline runs cat([negative, prompt]) and chunks the output
     linspace_sigmas = True
 
     def components(self, size):

@@ -42,6 +42,7 @@ class SD3(FamilyModule):
     name = "sd3"
     pipeline_class = "StableDiffusion3Pipeline"
     max_sequence_length = 256
+    cfg_in_one_call = True  # the pipeline runs cat([negative, prompt]) and chunks the output
 
     def components(self, size):
         if size == "tiny":

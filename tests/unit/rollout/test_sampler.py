@@ -5,7 +5,7 @@ import torch
 from miles.models.loader import load_model
 from miles.rollout import sampler
 from miles.rollout.sde import largest_sigma_below_one, sde_step
-from miles.rollout.types import SampleRequest, SamplingParams
+from miles.rollout.types import Conditioning, SampleRequest, SamplingParams
 from miles.utils.families import FAMILY_NAMES
 
 PARAMS = dict(num_steps=4, height=32, width=32, guidance_scale=4.0, guidance_scale_2=3.0, negative_prompt="blurry")
@@ -32,21 +32,36 @@ def _params(model, **overrides):
     return SamplingParams(**{**PARAMS, "num_frames": frames, **overrides})
 
 
+def _microgroups_of(trajectories):
+    """The engine's microgroups (microgroup_size None: all samples of a prompt), in request order."""
+    groups = {}
+    for t in trajectories:
+        groups.setdefault(t.group_index, []).append(t)
+    return list(groups.values())
+
+
 @pytest.mark.parametrize("family", FAMILY_NAMES)
-def test_log_probs_and_outputs_recomputed_outside_the_engine_equal_the_engines(family, model_of):
+def test_log_probs_and_outputs_recomputed_on_the_engines_microgroup_equal_the_engines(family, model_of):
+    """The trainer's recomputation: the microgroup's samples at one step, in the engine's order, with
+    autograd recording, give the engine's bits exactly."""
     model = model_of(family)
     trajectories = sampler.generate(model, _requests(), _params(model), trained_steps=[0, 1, 2], debug=True)
-    for t in trajectories:
-        sigmas = t.sigmas.tolist()
-        for k in range(t.num_steps):
-            x = t.latents[k : k + 1]
+    for tile in _microgroups_of(trajectories):
+        assert len(tile) == 2
+        first = tile[0]
+        sigmas = first.sigmas.tolist()
+        cond = Conditioning.cat([t.cond for t in tile])
+        for k in range(first.num_steps):
+            x = torch.stack([t.latents[k] for t in tile])
             with torch.enable_grad():  # the trainer's recomputation
-                v = model.velocity(x, sigmas[k], t.cond, t.guidance_scales[k], t.experts[k])
-            kind = t.sde_type if k in t.trained_steps else "ode"
-            step = sde_step(x, v, sigmas[k], sigmas[k + 1], t.noise_level, kind,
-                            x_next=t.latents[k + 1 : k + 2], sigma_max=largest_sigma_below_one(sigmas))
-            assert torch.equal(v.detach()[0], t.model_outputs[k])
-            assert torch.equal(step.log_prob.detach()[0], t.log_probs[k])
+                v = model.velocity(x, sigmas[k], cond, first.guidance_scales[k], first.experts[k], detach_uncond=True)
+            kind = first.sde_type if k in first.trained_steps else "ode"
+            step = sde_step(x, v, sigmas[k], sigmas[k + 1], first.noise_level, kind,
+                            x_next=torch.stack([t.latents[k + 1] for t in tile]),
+                            sigma_max=largest_sigma_below_one(sigmas))
+            assert torch.equal(v.detach(), torch.stack([t.model_outputs[k] for t in tile]))
+            assert torch.equal(step.log_prob.detach(), torch.stack([t.log_probs[k] for t in tile]))
+    for t in trajectories:
         assert t.image.min() >= 0 and t.image.max() <= 1
         assert t.image.shape[-3:] == (3, 32, 32)
         assert t.image.ndim == (4 if model.spec.is_video else 3)
@@ -71,15 +86,42 @@ def test_steps_outside_the_trained_set_run_as_ode(model_of):
     assert torch.equal(t.latents[1], t.latents[0] + t.model_outputs[0] * (s[1] - s[0]))
 
 
-def test_rollout_is_reproducible_whatever_the_microgroups_or_order(model_of):
+def test_a_sample_is_the_same_whatever_the_engine_split_or_the_order_of_prompts(model_of):
+    """An engine receives whole prompts; its microgroups, and so its samples' bits, do not depend on
+    which other prompts it got or in which order."""
     model = model_of("sd3")
     reqs = _requests(4)
-    a = sampler.generate(model, reqs, _params(model, microgroup_size=1), trained_steps=[0, 1])
-    b = sampler.generate(model, reqs[::-1], _params(model, microgroup_size=None), trained_steps=[0, 1])[::-1]
-    for x, y in zip(a, b):
+    together = sampler.generate(model, reqs, _params(model), trained_steps=[0, 1])
+    split = [sampler.generate(model, [r for r in reqs if r.group_index == g], _params(model), trained_steps=[0, 1])
+             for g in (1, 0)]
+    apart = {(t.group_index, t.sample_index): t for part in split for t in part}
+    for x in together:
+        y = apart[(x.group_index, x.sample_index)]
         assert torch.equal(x.latents, y.latents) and torch.equal(x.log_probs, y.log_probs)
         assert torch.equal(x.image, y.image)
-    assert not torch.equal(a[0].latents, a[2].latents)  # same prompt, different seed
+    assert not torch.equal(together[0].latents, together[2].latents)  # same prompt, different seed
+
+
+def _forward_batches(model, run):
+    batches = []
+    hook = model.transformers["transformer"].register_forward_hook(
+        lambda mod, args, kwargs, out: batches.append(kwargs["hidden_states"].shape[0]), with_kwargs=True)
+    try:
+        run()
+    finally:
+        hook.remove()
+    return batches
+
+
+@pytest.mark.parametrize("microgroup_size, batch", [(1, 2), (None, 4)])
+def test_microgroup_size_is_the_batch_of_every_forward(model_of, microgroup_size, batch):
+    """One transformer call per step and microgroup; SD3 guides as its pipeline does, in one call on
+    [negative; prompt], so a microgroup of m samples is a forward of 2 m."""
+    model = model_of("sd3")
+    params = _params(model, microgroup_size=microgroup_size)
+    batches = _forward_batches(model, lambda: sampler.generate(model, _requests(4), params, trained_steps=[0]))
+    microgroups = 4 // (batch // 2)
+    assert batches == [batch] * (params.num_steps * microgroups)
 
 
 def test_microgroups_never_mix_prompt_groups():

@@ -89,7 +89,7 @@ FLAG_TESTS = {
     "--diffusion-shift": f"{R}::test_wan22_shift_moves_the_boundary",
     "--diffusion-max-sequence-length": f"{W}::test_sampling_flags_reach_the_engine",
     "--negative-prompt": f"{SAMPLER}::test_negative_prompt_steers_guided_samples_and_is_ignored_at_scale_one",
-    "--rollout-microgroup-size": f"{SAMPLER}::test_rollout_is_reproducible_whatever_the_microgroups_or_order",
+    "--rollout-microgroup-size": f"{SAMPLER}::test_microgroup_size_is_the_batch_of_every_forward",
     "--rollout-seed": f"{DATA}::test_from_args_reads_the_trainer_flags",
     "--rollout-shuffle": f"{DATA}::test_from_args_reads_the_trainer_flags",
     # model

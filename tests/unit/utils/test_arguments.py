@@ -22,7 +22,7 @@ DOCUMENTED_DEFAULTS = {
     "rollout_num_gpus_per_engine": 1, "num_gpus_per_node": 8, "colocate": False,
     "sequence_parallel_size": 1, "device": "cuda",
     "rollout_batch_size": 32, "n_samples_per_prompt": 8, "global_batch_size": None,
-    "num_steps_per_rollout": None, "micro_batch_size": 1, "micro_batch_size_sample": None,
+    "num_steps_per_rollout": None, "micro_batch_size": None, "micro_batch_size_sample": None,
     "micro_batch_size_tstep": None, "diffusion_train_iter_order": "sample-major",
     "train_dp_split_mode": "contiguous", "num_rollout": None, "num_epoch": None,
     "diffusion_num_steps": 10, "diffusion_num_sde_steps": None,

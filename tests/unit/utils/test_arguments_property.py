@@ -2,7 +2,8 @@
 
 The brute force here is written independently of miles.utils.batching: it enumerates the pairs,
 deals them to ranks by the definition of each split mode, counts what each rank and optimizer step
-gets, and tiles each step's pairs, then says whether every count came out whole and equal.
+gets, and tiles each step's pairs, then says whether every count came out whole and equal, and
+(with rollouts) whether every forward is one the engines ran: one microgroup's samples at one step.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ class Knobs:
     sp: int
     gbs: int | None
     steps_per_rollout: int | None
-    mbs: int
+    mbs: int | None
     tile_samples: int | None
     tile_steps: int | None
     split: str
@@ -40,21 +41,26 @@ class Knobs:
     shift: float | None = None
     strategy: str = "sde_window"
     max_start: int = 0
+    microgroup: int | None = None
+    loss: str = "policy_loss"
 
     def argv(self) -> list[str]:
-        argv = ["--hf-checkpoint", f"/ckpt/{self.family}", "--num-rollout", "1", "--rm-type", "brightness",
+        argv = ["--hf-checkpoint", f"/ckpt/{self.family}", "--num-rollout", "1", "--loss-type", self.loss,
                 "--prompt-data", "p.jsonl", "--device", "cpu", "--colocate", "--num-gpus-per-node", "64",
                 "--rollout-batch-size", str(self.rollout_batch_size),
                 "--n-samples-per-prompt", str(self.n_samples),
                 "--diffusion-num-steps", str(self.num_steps), "--diffusion-num-sde-steps", str(self.sde_steps),
                 "--actor-num-nodes", str(self.nodes), "--actor-num-gpus-per-node", str(self.gpus_per_node),
-                "--sequence-parallel-size", str(self.sp), "--micro-batch-size", str(self.mbs),
+                "--sequence-parallel-size", str(self.sp),
                 "--train-dp-split-mode", self.split, "--diffusion-train-iter-order", self.order,
                 "--diffusion-step-strategy-path", self.strategy,
                 "--diffusion-sde-window-max-start", str(self.max_start)]
         optional = {"--global-batch-size": self.gbs, "--num-steps-per-rollout": self.steps_per_rollout,
                     "--micro-batch-size-sample": self.tile_samples, "--micro-batch-size-tstep": self.tile_steps,
-                    "--diffusion-shift": self.shift}
+                    "--diffusion-shift": self.shift, "--micro-batch-size": self.mbs,
+                    "--rollout-microgroup-size": self.microgroup}
+        if self.loss != "sft_loss":
+            argv += ["--rm-type", "brightness"]
         argv += [str(item) for flag, value in optional.items() if value is not None for item in (flag, value)]
         if self.family == "wan2_2":
             argv += ["--diffusion-guidance-scale-2", "3.0"]
@@ -81,20 +87,37 @@ def deal(pairs: list, dp: int, split: str) -> list[list]:
     return ranks
 
 
+def microgroup(k: Knobs) -> int | None:
+    """Samples per engine forward when rollouts are trained (None: SFT has no rollouts)."""
+    return None if k.loss == "sft_loss" else (k.microgroup or k.n_samples)
+
+
 def tiles(window: list, k: Knobs) -> list[list] | None:
     """The window's forwards, or None when it cannot be tiled into equal forwards."""
-    if k.tile_samples is None:
-        if len(window) % k.mbs:
+    tile_samples, tile_steps = k.tile_samples, k.tile_steps
+    if tile_samples is None and k.mbs is None and microgroup(k):  # unset: the rollout tile
+        tile_samples, tile_steps = microgroup(k), 1
+    if tile_samples is None:
+        mbs = k.mbs or 1
+        if len(window) % mbs:
             return None
-        return [window[i:i + k.mbs] for i in range(0, len(window), k.mbs)]
+        return [window[i:i + mbs] for i in range(0, len(window), mbs)]
     samples = list(dict.fromkeys(s for s, _ in window))
     steps = sorted({t for _, t in window})
     if {(s, t) for s in samples for t in steps} != set(window) or len(window) != len(samples) * len(steps):
         return None
-    if len(samples) % k.tile_samples or len(steps) % k.tile_steps:
+    if len(samples) % tile_samples or len(steps) % tile_steps:
         return None
-    return [[(s, t) for s in samples[i:i + k.tile_samples] for t in steps[j:j + k.tile_steps]]
-            for i in range(0, len(samples), k.tile_samples) for j in range(0, len(steps), k.tile_steps)]
+    return [[(s, t) for s in samples[i:i + tile_samples] for t in steps[j:j + tile_steps]]
+            for i in range(0, len(samples), tile_samples) for j in range(0, len(steps), tile_steps)]
+
+
+def is_engine_forward(forward: list, group: int) -> bool:
+    """One step, and samples g*M .. g*M + M - 1 in order: prompt p's samples are p*n .. p*n + n - 1,
+    and its microgroups cut them into runs of M."""
+    samples = [s for s, _ in forward]
+    start = samples[0] // group * group
+    return len({t for _, t in forward}) == 1 and samples == list(range(start, start + group))
 
 
 def brute_force_layout(k: Knobs, trained_steps: list[int]) -> dict | None:
@@ -117,6 +140,9 @@ def brute_force_layout(k: Knobs, trained_steps: list[int]) -> dict | None:
     windows = [shard[i:i + per_step] for shard in shards for i in range(0, len(shard), per_step)]
     forwards = [tiles(window, k) for window in windows]
     if any(f is None for f in forwards) or len({len(f) for f in forwards}) != 1:
+        return None
+    group = microgroup(k)
+    if group and not all(is_engine_forward(forward, group) for f in forwards for forward in f):
         return None
     return {"samples_per_rollout": samples, "train_pairs": len(pairs), "dp_size": dp,
             "pairs_per_rank": len(shards[0]), "pairs_per_step_per_rank": per_step,
@@ -146,7 +172,8 @@ def batch_knobs(draw, max_steps: int = 5) -> dict:
     divisor = st.sampled_from([d for d in range(1, samples + 1) if samples % d == 0])
     gbs = draw(st.one_of(st.none(), st.none(), divisor, st.integers(1, 2 * samples)))
     steps = draw(st.one_of(st.none(), st.none(), divisor, st.integers(1, 8)))
-    tile_samples = draw(st.one_of(st.none(), st.integers(1, 4)))
+    microgroup = draw(st.one_of(st.none(), st.sampled_from([d for d in range(1, n + 1) if n % d == 0])))
+    tile_samples = draw(st.one_of(st.none(), st.integers(1, 4), st.just(microgroup or n)))
     tile_steps = draw(st.one_of(st.none(), st.integers(1, 3)))
     if draw(st.integers(0, 9)) > 0:  # mostly both or neither; sometimes one alone, which is refused
         tile_steps = None if tile_samples is None else (tile_steps or 1)
@@ -155,8 +182,8 @@ def batch_knobs(draw, max_steps: int = 5) -> dict:
     return dict(rollout_batch_size=rbs, n_samples=n, num_steps=num_steps,
                 sde_steps=draw(st.integers(1, num_steps)), nodes=nodes, gpus_per_node=gpus_per_node,
                 sp=draw(st.one_of(st.just(1), world_divisor, st.integers(1, 4))),
-                gbs=gbs, steps_per_rollout=steps, mbs=draw(st.sampled_from([1, 1, 2, 2, 3, 4, 6, 8])),
-                tile_samples=tile_samples, tile_steps=tile_steps,
+                gbs=gbs, steps_per_rollout=steps, mbs=draw(st.sampled_from([None, None, 1, 1, 2, 2, 3, 4, 6, 8])),
+                tile_samples=tile_samples, tile_steps=tile_steps, microgroup=microgroup,
                 split=draw(st.sampled_from(["contiguous", "stride"])),
                 order=draw(st.sampled_from(["sample-major", "timestep-major"])))
 
@@ -166,6 +193,13 @@ def batch_knobs(draw, max_steps: int = 5) -> dict:
 @example(dict(  # a stride shard that is no samples x timesteps grid cannot be 2D-tiled
     rollout_batch_size=3, n_samples=2, num_steps=2, sde_steps=2, nodes=1, gpus_per_node=3, sp=1, gbs=None,
     steps_per_rollout=None, mbs=1, tile_samples=1, tile_steps=1, split="stride", order="sample-major"))
+@example(dict(  # flat pairs of one sample at two steps are no engine forward
+    rollout_batch_size=2, n_samples=2, num_steps=2, sde_steps=2, nodes=1, gpus_per_node=1, sp=1, gbs=None,
+    steps_per_rollout=None, mbs=2, tile_samples=None, tile_steps=None, split="contiguous", order="sample-major"))
+@example(dict(  # unset micro-batch flags: the rollout tile, a microgroup of 2 at one step
+    rollout_batch_size=2, n_samples=4, num_steps=3, sde_steps=2, nodes=1, gpus_per_node=2, sp=1, gbs=None,
+    steps_per_rollout=None, mbs=None, tile_samples=None, tile_steps=None, split="contiguous", order="sample-major",
+    microgroup=2))
 def test_validation_accepts_exactly_the_layouts_the_brute_force_count_calls_consistent(fields):
     knobs = Knobs(**fields)
     assert_validation_matches(knobs, brute_force_layout(knobs, list(range(knobs.sde_steps))))
@@ -218,7 +252,8 @@ def wan_knobs(draw) -> Knobs:
                  split=draw(st.sampled_from(["contiguous", "stride"])),
                  order=draw(st.sampled_from(["sample-major", "timestep-major"])),
                  family="wan2_2", shift=draw(st.sampled_from([1.0, 3.0, 12.0, 12.0])), strategy=strategy,
-                 max_start=draw(st.one_of(st.just(latest), st.integers(0, latest))) if strategy == "sde_window" else 0)
+                 max_start=draw(st.one_of(st.just(latest), st.integers(0, latest))) if strategy == "sde_window" else 0,
+                 loss=draw(st.sampled_from(["sft_loss", "sft_loss", "policy_loss"])))
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -226,11 +261,11 @@ def wan_knobs(draw) -> Knobs:
 @example(Knobs(  # only the latest window start (5) puts steps 5 and 6 in one forward
     rollout_batch_size=2, n_samples=2, num_steps=8, sde_steps=2, nodes=1, gpus_per_node=1, sp=1, gbs=None,
     steps_per_rollout=None, mbs=2, tile_samples=None, tile_steps=None, split="contiguous",
-    order="sample-major", family="wan2_2", shift=12.0, strategy="sde_window", max_start=5))
+    order="sample-major", family="wan2_2", shift=12.0, strategy="sde_window", max_start=5, loss="sft_loss"))
 @example(Knobs(  # a random choice of all 8 steps is one choice, and pairs (0,1)..(6,7) never straddle 6
     rollout_batch_size=2, n_samples=2, num_steps=8, sde_steps=8, nodes=1, gpus_per_node=1, sp=1, gbs=None,
     steps_per_rollout=None, mbs=2, tile_samples=None, tile_steps=None, split="contiguous",
-    order="sample-major", family="wan2_2", shift=12.0, strategy="epoch_global_random_choice"))
+    order="sample-major", family="wan2_2", shift=12.0, strategy="epoch_global_random_choice", loss="sft_loss"))
 def test_wan22_validation_accepts_exactly_the_phase_pure_layouts(knobs):
     assert_validation_matches(knobs, brute_force_wan(knobs))
 
@@ -240,8 +275,10 @@ def test_wan22_validation_accepts_exactly_the_phase_pure_layouts(knobs):
 def test_brute_force_refuses_the_shard_rule_example_and_accepts_the_worked_example():
     worked = Knobs(rollout_batch_size=32, n_samples=16, num_steps=10, sde_steps=2, nodes=1, gpus_per_node=4,
                    sp=1, gbs=None, steps_per_rollout=2, mbs=1, tile_samples=8, tile_steps=1,
-                   split="contiguous", order="sample-major")
+                   split="contiguous", order="sample-major", microgroup=8)
     counts = brute_force_layout(worked, [0, 1])
     assert (counts["pairs_per_step_per_rank"], counts["forwards_per_step"]) == (128, 16)
     shard_rule = Knobs(**{**worked.__dict__, "steps_per_rollout": 3})
     assert brute_force_layout(shard_rule, [0, 1]) is None
+    whole_prompts = Knobs(**{**worked.__dict__, "microgroup": None})  # the engines forward 16, the tile holds 8
+    assert brute_force_layout(whole_prompts, [0, 1]) is None

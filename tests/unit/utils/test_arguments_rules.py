@@ -13,6 +13,9 @@ BASE = ["--hf-checkpoint", "/ckpt/sd3-tiny", "--num-rollout", "2", "--rm-type", 
 # Wan2.2 at 10 steps, shift 12: steps 0..6 on `transformer`, 7..9 on `transformer_2`.
 WAN = ["--hf-checkpoint", "/ckpt/wan2.2-tiny", "--num-rollout", "2", "--rm-type", "brightness",
        "--prompt-data", "prompts.jsonl", "--diffusion-guidance-scale-2", "3.0"]
+# the same without rollouts: SFT (no rollout tile), where only the batch arithmetic decides a layout
+SFT = [a for a in BASE if a not in ("--rm-type", "brightness")] + ["--loss-type", "sft_loss"]
+WAN_SFT = [a for a in WAN if a not in ("--rm-type", "brightness")] + ["--loss-type", "sft_loss"]
 # 32 prompts x 16 samples, 2 SDE steps, 4 DP ranks: 1024 pairs, 256 per rank.
 WORKED = ["--rollout-batch-size", "32", "--n-samples-per-prompt", "16", "--diffusion-num-sde-steps", "2",
           "--actor-num-gpus-per-node", "4", "--colocate"]
@@ -33,7 +36,8 @@ def refused(match, *extra, base=BASE) -> str:
 
 def test_worked_example_of_the_design_gives_its_counts():
     p = plan(*WORKED, "--num-steps-per-rollout", "2", "--micro-batch-size-sample", "8",
-             "--micro-batch-size-tstep", "1", base=BASE[:1] + ["/ckpt/qwen-image"] + BASE[2:])
+             "--micro-batch-size-tstep", "1", "--rollout-microgroup-size", "8",
+             base=BASE[:1] + ["/ckpt/qwen-image"] + BASE[2:])
     assert (p.samples_per_rollout, p.train_pairs, p.dp_size) == (512, 1024, 4)
     assert (p.pairs_per_rank, p.pairs_per_step_per_rank) == (256, 128)
     assert (p.pairs_per_forward, p.forwards_per_step, p.global_batch_size) == (8, 16, 256)
@@ -105,8 +109,49 @@ def test_sequence_parallel_size_other_than_1_is_refused(size):
 
 # ---- micro-batching ----
 
+def test_unset_micro_batch_flags_give_the_rollout_tile_and_the_plan_states_it():
+    ns = parse_args(BASE + ["--rollout-microgroup-size", "4"])
+    p = validate_argv(BASE + ["--rollout-microgroup-size", "4"])
+    assert (p.rollout_tile_samples, p.pairs_per_forward, p.micro_batching.tile_steps) == (4, 4, 1)
+    assert (ns.micro_batch_size_sample, ns.micro_batch_size_tstep) == (4, 1)  # written back: re-validating is a no-op
+    assert re.search(r"rollout tile\s+4 samples \(one microgroup\) x 1 timestep", p.table())
+
+
+@pytest.mark.parametrize("flags, fix", [
+    (["--micro-batch-size", "2"], "--micro-batch-size-sample 8 --micro-batch-size-tstep 1"),
+    (["--micro-batch-size-sample", "4", "--micro-batch-size-tstep", "1"],
+     "--rollout-microgroup-size 4 --micro-batch-size-tstep 1"),
+    (["--diffusion-num-sde-steps", "2", "--micro-batch-size-sample", "8", "--micro-batch-size-tstep", "2"],
+     "--rollout-microgroup-size 8 --micro-batch-size-tstep 1"),
+    (["--diffusion-num-sde-steps", "1", "--micro-batch-size", "4"],
+     "--micro-batch-size-sample 8 --micro-batch-size-tstep 1"),
+])
+def test_a_micro_batch_that_is_no_engine_forward_is_refused_naming_the_flags_and_a_layout_that_is(flags, fix):
+    message = refused(r"--micro-batch-size.*cannot reproduce the engines' forwards.*--rollout-microgroup-size 8 "
+                      r"samples at one timestep.*fix: ", *flags)
+    assert fix in message
+    plan(*flags, *fix.split(" (")[0].split())  # the fix it names is accepted
+
+
+def test_stride_split_that_scatters_a_microgroup_is_refused_with_the_contiguous_fix():
+    # 4 ranks deal 32 pairs round-robin: a rank's samples at a step are every other one of a prompt
+    message = refused(r"not microgroup", "--rollout-batch-size", "2", "--n-samples-per-prompt", "4",
+                      "--diffusion-num-sde-steps", "1", "--actor-num-gpus-per-node", "2", "--colocate",
+                      "--train-dp-split-mode", "stride")
+    assert message.endswith("--micro-batch-size-sample 4 --micro-batch-size-tstep 1 --train-dp-split-mode contiguous")
+
+
+def test_sft_has_no_rollout_tile_and_keeps_one_pair_per_forward_by_default():
+    p = plan("--loss-type", "sft_loss", "--n-samples-per-prompt", "1", base=[a for a in BASE if a not in (
+        "--rm-type", "brightness")])
+    assert (p.rollout_tile_samples, p.pairs_per_forward) == (0, 1)
+    assert "rollout tile" not in p.table()
+
 def test_2d_tile_overrides_the_flat_micro_batch_size():
-    p = plan(*WORKED, "--micro-batch-size", "3", "--micro-batch-size-sample", "8", "--micro-batch-size-tstep", "2")
+    p = plan(*WORKED, "--micro-batch-size", "3", "--micro-batch-size-sample", "8", "--micro-batch-size-tstep", "2",
+             base=SFT)
+    assert (p.pairs_per_forward, p.forwards_per_step) == (16, 16)
+    p = plan(*WORKED, "--micro-batch-size", "3", "--micro-batch-size-sample", "16", "--micro-batch-size-tstep", "1")
     assert (p.pairs_per_forward, p.forwards_per_step) == (16, 16)
 
 
@@ -135,7 +180,7 @@ def test_2d_tile_of_a_stride_shard_that_is_no_grid_is_refused():
 
 def test_stride_split_with_2d_tiles_gives_each_rank_whole_timesteps():
     p = plan(*WORKED, "--train-dp-split-mode", "stride", "--micro-batch-size-sample", "16",
-             "--micro-batch-size-tstep", "1")
+             "--micro-batch-size-tstep", "1", base=SFT)
     assert (p.pairs_per_rank, p.forwards_per_step) == (256, 16)
 
 
@@ -221,18 +266,18 @@ def test_wan22_flat_micro_batch_across_the_expert_boundary_is_refused_with_the_e
 
 
 def test_wan22_flat_micro_batch_of_one_is_accepted():
-    assert plan("--micro-batch-size", "1", base=WAN).pairs_per_forward == 1
+    assert plan("--micro-batch-size", "1", base=WAN_SFT).pairs_per_forward == 1
 
 
 def test_wan22_flat_pairs_that_stay_on_one_side_are_accepted():
     # steps 0..1 of a 2-step window at start 0 are both high-noise
-    assert plan("--diffusion-num-sde-steps", "2", "--micro-batch-size", "2", base=WAN).pairs_per_forward == 2
+    assert plan("--diffusion-num-sde-steps", "2", "--micro-batch-size", "2", base=WAN_SFT).pairs_per_forward == 2
 
 
 def test_wan22_every_window_start_is_checked():
     # starts 0..4 stay before step 6; start 5 puts steps 5 and 6 in one forward
     assert plan("--diffusion-num-sde-steps", "2", "--diffusion-sde-window-max-start", "4",
-                "--micro-batch-size", "2", base=WAN)
+                "--micro-batch-size", "2", base=WAN_SFT)
     refused(r"Micro-batch mixes denoising phases \(Wan2\.2\).*steps \[5, 6\]", "--diffusion-num-sde-steps", "2",
             "--diffusion-sde-window-max-start", "5", "--micro-batch-size", "2", base=WAN)
 
@@ -252,7 +297,7 @@ def test_wan22_choice_of_every_step_is_checked_as_the_one_choice_it_is(strategy)
     # 10 steps at shift 12 (the pipeline's schedule): steps 0..5 high-noise, 6..9 low. Choosing all
     # 10 (sorted by the rollout) leaves one choice, and flat pairs (0,1) .. (8,9) never straddle step 6.
     assert plan("--diffusion-num-steps", "10", "--diffusion-timestep-fraction", "1.0", "--micro-batch-size", "2",
-                "--diffusion-step-strategy-path", strategy, base=WAN)
+                "--diffusion-step-strategy-path", strategy, base=WAN_SFT)
 
 
 def test_wan22_custom_strategy_mixing_two_steps_is_refused():
@@ -342,7 +387,8 @@ def test_separate_reward_node_is_counted_with_num_nodes():
 
 def test_colocated_reward_needs_no_gpus_of_its_own():
     assert plan("--actor-num-gpus-per-node", "7", "--rm-num-workers", "4", "--rm-num-gpus-per-worker", "1",
-                "--colocate-reward", "--global-batch-size", "7", "--rollout-batch-size", "7")
+                "--colocate-reward", "--global-batch-size", "7", "--rollout-batch-size", "7",
+                "--rollout-microgroup-size", "1")
 
 
 def test_train_only_runs_no_rollout_engines():

@@ -22,12 +22,13 @@ WAN = ["--hf-checkpoint", "/nowhere/Wan2.2-T2V-A14B-Diffusers", "--num-rollout",
        "--prompt-data", "p.jsonl", "--rollout-batch-size", "8", "--n-samples-per-prompt", "8",
        "--diffusion-height", "480", "--diffusion-width", "832", "--diffusion-output-num-frames", "33",
        "--diffusion-num-steps", "20", "--diffusion-num-sde-steps", "2", "--diffusion-guidance-scale-2", "3.0",
-       "--micro-batch-size", "1", "--gradient-checkpointing", "--param-dtype", "bfloat16",
+       "--micro-batch-size", "1", "--rollout-microgroup-size", "1", "--gradient-checkpointing", "--param-dtype", "bfloat16",
        "--compute-dtype", "bfloat16", "--rollout-dtype", "bfloat16", "--actor-num-gpus-per-node", "4",
        "--num-gpus-per-node", "4", "--colocate", "--update-weight-target-module", "transformer"]
 SD3 = ["--hf-checkpoint", "/nowhere/stable-diffusion-3.5-medium", "--num-rollout", "2", "--rm-type", "brightness",
        "--prompt-data", "p.jsonl", "--rollout-batch-size", "16", "--n-samples-per-prompt", "16",
-       "--micro-batch-size-sample", "8", "--micro-batch-size-tstep", "1", "--gradient-checkpointing",
+       "--micro-batch-size-sample", "8", "--micro-batch-size-tstep", "1", "--rollout-microgroup-size", "8",
+       "--gradient-checkpointing",
        "--compute-dtype", "bfloat16", "--rollout-dtype", "bfloat16", "--actor-num-gpus-per-node", "2",
        "--num-gpus-per-node", "2", "--colocate", "--use-lora", "--gpu-memory-gb", "80"]
 
@@ -90,7 +91,7 @@ def test_sharing_a_gpu_adds_the_engine_and_more_pairs_per_forward_add_activation
     separate = memory([*SD3, "--no-colocate", "--rollout-num-gpus", "1", "--num-gpus-per-node", "3"])
     assert [g.name for g in separate.gpus] == ["train GPU", "rollout GPU"]
     assert colocated.gpus[0].total == pytest.approx(separate.gpus[0].total + separate.gpus[1].total)
-    bigger = memory([*SD3, "--micro-batch-size-sample", "16"])
+    bigger = memory([*SD3, "--micro-batch-size-sample", "16", "--rollout-microgroup-size", "16"])
     assert bigger.gpus[0].total > colocated.gpus[0].total
 
 

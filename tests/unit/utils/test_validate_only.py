@@ -14,10 +14,11 @@ import train_diffusion
 REPO = Path(__file__).resolve().parents[3]
 BASE = ["--hf-checkpoint", "/ckpt/qwen-image", "--num-rollout", "2", "--rm-type", "pickscore",
         "--prompt-data", "prompts.jsonl"]
-# DESIGN section 4: 32 prompts x 16 samples, 2 SDE steps, 4 DP ranks, 2 steps per rollout, 8 x 1 tile.
+# DESIGN section 4: 32 prompts x 16 samples, 2 SDE steps, 4 DP ranks, 2 steps per rollout, 8 x 1 tile
+# (the engines sample in microgroups of those 8, so each train forward is one they ran).
 WORKED = BASE + ["--rollout-batch-size", "32", "--n-samples-per-prompt", "16", "--diffusion-num-sde-steps", "2",
                  "--actor-num-gpus-per-node", "4", "--colocate", "--num-steps-per-rollout", "2",
-                 "--micro-batch-size-sample", "8", "--micro-batch-size-tstep", "1"]
+                 "--micro-batch-size-sample", "8", "--micro-batch-size-tstep", "1", "--rollout-microgroup-size", "8"]
 WAN = ["--hf-checkpoint", "/ckpt/wan2.2-tiny", "--num-rollout", "2", "--rm-type", "pickscore",
        "--prompt-data", "prompts.jsonl", "--diffusion-guidance-scale-2", "3.0"]
 # CPU seconds, not wall time: the machine is shared, and CPU time is what the parse path costs.
@@ -64,6 +65,10 @@ ERROR_CASES = {
     "too many GPUs": (BASE + ["--actor-num-gpus-per-node", "8", "--rm-num-gpus-per-worker", "1"],
                       "the GPU layout needs 10 GPUs"),
     "save interval without save": (BASE + ["--save-interval", "10"], "--save-interval 10 needs --save"),
+    "micro-batch that is no engine forward": (
+        WORKED + ["--rollout-microgroup-size", "16"],
+        "cannot reproduce the engines' forwards: a forward would hold samples [0, 1, 2, '...'], not microgroup "
+        "0's 16 samples 0..15, and each train forward must be one microgroup of --rollout-microgroup-size 16"),
 }
 
 
