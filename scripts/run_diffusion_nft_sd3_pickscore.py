@@ -56,7 +56,8 @@ class _Scale(U.ColocatedScale):
 _SCALES: dict[str, _Scale] = {  # num_steps: 2 of them, drawn at random, are trained per rollout
     "full": _Scale(
         U.FULL_SCALE, train_ranks=2, resolution=512, num_steps=10, rollout_batch_size=16, n_samples_per_prompt=8,
-        tile_samples=8, reward_gpus=1, rm_num_workers=2, num_prompts=4000, num_rollout=300, eval_interval=10,
+        # tile 4: the engines sample microgroups of 4 (8 sequences per guided forward), which fits the H100
+        tile_samples=4, reward_gpus=1, rm_num_workers=2, num_prompts=4000, num_rollout=300, eval_interval=10,
         save_interval=20,
     ),
     "gpu-proxy": _Scale(

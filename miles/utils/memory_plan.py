@@ -43,9 +43,10 @@ offload (--offload-train / --offload-rollout, --colocate only): a train GPU's pe
   tensors the update reads (trained tensors or LoRA adapters, sharded / N) + one bucket on each
   side with bucketed sync. One flag alone leaves a phase with both sides' weights resident.
 engine (one per rollout GPU): every component of the pipeline (transformers, text encoders,
-  VAE) in r, plus one forward's block activations (no graph), plus the VAE decoder's peak
-  (VAE_DECODE_MAPS feature maps of VAE_DECODE_CHANNELS channels at pixel resolution over one
-  decoded chunk), plus the trajectories it holds in fp32
+  VAE) in r, plus one forward's block activations (no graph) over its batch (the microgroup, twice
+  that where the family guides in one call), plus the VAE decoder's peak (VAE_DECODE_MAPS feature
+  maps of VAE_DECODE_CHANNELS channels at pixel resolution over one decoded chunk of each sample of
+  the microgroup, decoded together), plus the trajectories it holds in fp32
 reward worker: its scorer's parameters in fp32 (PickScore: a CLIP model), times the workers
   sharing a GPU
 every process on a GPU: CUDA_CONTEXT_GIB for the CUDA context, cuBLAS/NCCL workspaces
@@ -286,6 +287,10 @@ def _pairs_per_forward(ns: Namespace, plan) -> int:
     return plan.pairs_per_forward  # the flags, or the rollout tile they default to
 
 
+# families whose pipeline (and engine) guides in one call on [negative; prompt] (FamilyModule.cfg_in_one_call)
+CFG_IN_ONE_CALL = ("sd3", "ltx")
+
+
 def _guided(ns: Namespace) -> bool:
     from miles.utils.families import get_family_facts
 
@@ -432,17 +437,19 @@ def _engine(ns: Namespace, plan, facts: ModelFacts, geo: Geometry) -> tuple[Role
     big = max(transformers, key=lambda n: comps[n].hidden * comps[n].blocks)
     image, text = _tokens(ns, geo, _text_tokens(ns))
     weights = params * r
+    # an engine forwards a whole microgroup at once, and SD3 / LTX add its negative prompts to the call
+    group = ns.rollout_microgroup_size or ns.n_samples_per_prompt
+    batch = group * (2 if _guided(ns) and ns.diffusion_model_family in CFG_IN_ONE_CALL else 1)
     terms = [(f"pipeline {params / 1e9:.2f} B params in {ns.rollout_dtype}", weights),
-             ("one block's activations (no graph)",
-              ACT_VALUES_PER_TOKEN * (image + text) * comps[big].hidden * r)]
+             (f"one block's activations over {batch} sequence(s) (no graph)",
+              ACT_VALUES_PER_TOKEN * (image + text) * comps[big].hidden * r * batch)]
     frames = ns.diffusion_output_num_frames
     chunk = frames if geo.decode_chunk_frames == 0 else min(frames, geo.decode_chunk_frames)
-    terms.append((f"VAE decode of {chunk} frame(s)",
-                  VAE_DECODE_MAPS * VAE_DECODE_CHANNELS * chunk * ns.diffusion_height * ns.diffusion_width * r))
+    terms.append((f"VAE decode of {group} x {chunk} frame(s)",
+                  VAE_DECODE_MAPS * VAE_DECODE_CHANNELS * group * chunk * ns.diffusion_height * ns.diffusion_width * r))
     latent = image * geo.latent_channels * math.prod(geo.patch)
     steps = ns.diffusion_num_steps
     per_sample = (steps + 1 + (steps if ns.diffusion_debug_mode else 0)) * latent * 4
-    group = ns.rollout_microgroup_size or ns.n_samples_per_prompt
     terms.append((f"trajectories of {group} samples in float32", group * per_sample))
     terms.append(("CUDA context and workspaces", CUDA_CONTEXT_GIB * GIB))
     knobs = []

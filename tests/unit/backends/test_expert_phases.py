@@ -20,7 +20,7 @@ def _argv(checkpoint, prompts, run_dir, extra=""):
             f"--num-rollout 1 --diffusion-height 32 --diffusion-width 32 --diffusion-output-num-frames 5 "
             f"--diffusion-num-steps 10 --diffusion-num-sde-steps 2 --diffusion-step-strategy-path sde_window "
             f"--diffusion-sde-window-max-start 2 --diffusion-guidance-scale 4.0 --diffusion-guidance-scale-2 3.0 "
-            f"--micro-batch-size 2 --update-weight-target-module transformer --rm-type brightness --use-lora "
+            f"--micro-batch-size-sample 2 --micro-batch-size-tstep 1 --update-weight-target-module transformer --rm-type brightness --use-lora "
             f"--lora-rank 4 --device cpu --actor-num-gpus-per-node 1 --num-gpus-per-node 1 --colocate "
             f"--run-dir {run_dir} "
             f"{extra}").split()

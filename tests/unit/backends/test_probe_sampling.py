@@ -9,9 +9,10 @@ from miles.backends.actor import probe_limit, probed_extra_micro_batches
 from miles.utils.batching import rank_schedule
 from miles.utils.batch_rules import ConfigError
 
-# two optimizer steps per rollout (TINY), one pair per forward: the second step's micro-batches
-# are the ones the probe must re-run before the first step changes the weights
-ONE_PAIR = "--micro-batch-size 1"
+# two optimizer steps per rollout (TINY), one pair per forward (the engines sample one sample at a
+# time, so that is their forward): the second step's micro-batches are the ones the probe must
+# re-run before the first step changes the weights
+ONE_PAIR = "--rollout-microgroup-size 1 --micro-batch-size 1"
 
 
 def _forwards_and_metrics(args, plan, batch):

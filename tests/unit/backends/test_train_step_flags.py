@@ -135,11 +135,12 @@ def backward_passes(run_dir, flags: str, batch=None) -> tuple[int, object]:
 
 
 def test_micro_batch_size_sets_the_pairs_per_backward_pass(tmp_path):
-    # 4 samples x 2 trained steps = 8 pairs, 2 optimizer steps of 4 pairs each
-    ones, batch = backward_passes(tmp_path / "1", "--micro-batch-size 1")
-    twos, _ = backward_passes(tmp_path / "2", "--micro-batch-size 2", batch)
-    fours, _ = backward_passes(tmp_path / "4", "--micro-batch-size 4", batch)
-    assert (ones, twos, fours) == (8, 4, 2)
+    # 4 samples x 1 trained step = 4 pairs in one optimizer step; a flat micro-batch of m pairs is
+    # m samples at that step, one engine forward when the engines sample in microgroups of m
+    flags = "--diffusion-num-sde-steps 1 --num-steps-per-rollout 1"
+    ones, batch = backward_passes(tmp_path / "1", f"{flags} --rollout-microgroup-size 1 --micro-batch-size 1")
+    twos, _ = backward_passes(tmp_path / "2", f"{flags} --rollout-microgroup-size 2 --micro-batch-size 2", batch)
+    assert (ones, twos) == (4, 2)
 
 
 def epoch_args(run_dir, flags: str):
