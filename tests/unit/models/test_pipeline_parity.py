@@ -21,7 +21,7 @@ import torch
 
 from miles.models.families.qwen_image import pack
 from miles.rollout.engine import RolloutEngine
-from miles.rollout.types import SampleRequest, SamplingParams
+from miles.rollout.types import Conditioning, SampleRequest, SamplingParams
 
 PROMPT = "a red  cat"  # the double space exercises Wan's prompt_clean
 SIZE = 32
@@ -52,16 +52,18 @@ def pipeline_of(path):
     return pipe
 
 
-def engine_run(path, params: SamplingParams):
+def engine_run(path, params: SamplingParams, batch: int = 1):
+    """`batch` samples of the prompt, one microgroup: the engine forwards them together, as the
+    pipeline forwards its `num_images_per_prompt` images."""
     engine = RolloutEngine(path, params, num_threads=1)
-    return engine.generate([SampleRequest(PROMPT, 0, 0, seed=7)], trained_steps=[])[0]
+    return engine.generate([SampleRequest(PROMPT, 0, j, seed=7 + j) for j in range(batch)], trained_steps=[])
 
 
-def sd3_embeds(trajectory):
+def sd3_embeds(cond):
     """Our SD3 checkpoints have one CLIP, which StableDiffusion3Pipeline cannot encode with (it
     always runs two); it takes the embeddings instead. The encoders are compared on the
     released-layout checkpoint below."""
-    pos, neg = trajectory.cond.positive, trajectory.cond.negative
+    pos, neg = cond.positive, cond.negative
     return dict(prompt=None, prompt_embeds=pos["encoder_hidden_states"], pooled_prompt_embeds=pos["pooled_projections"],
                 negative_prompt_embeds=neg["encoder_hidden_states"],
                 negative_pooled_prompt_embeds=neg["pooled_projections"])
@@ -89,18 +91,23 @@ CASES = {
 EDM_FAMILIES = ("cosmos3",)
 
 
-def run_parity(path, family, num_steps, **param_overrides):
+def run_parity(path, family, num_steps, batch: int = 1, **param_overrides):
     ours, call, layout = CASES[family]
     params = SamplingParams(num_steps=num_steps, height=SIZE, width=SIZE, noise_level=0.0, **{**ours, **param_overrides})
-    trajectory = engine_run(path, params)
-    start, final = trajectory.latents[0].unsqueeze(0), trajectory.latents[-1].unsqueeze(0)
+    trajectories = engine_run(path, params, batch)
+    trajectory = trajectories[0]
+    start = torch.stack([t.latents[0] for t in trajectories])
+    final = torch.stack([t.latents[-1] for t in trajectories])
     if family in EDM_FAMILIES:  # the pipeline's noise and its x_edm (see the module docstring)
         sigmas = trajectory.sigmas.tolist()
         start, final = start / sigmas[0], final / (1.0 - sigmas[-1])
     pipe = pipeline_of(path)
+    per_prompt = "num_videos_per_prompt" if family in ("wan2_2", "ltx") else "num_images_per_prompt"
+    call = {"prompt": PROMPT, **call, per_prompt: batch}
     if family == "sd3" and "text_encoder_2" not in json.loads((path / "model_index.json").read_text()):
-        call = {**call, **sd3_embeds(trajectory), "negative_prompt": None}
-    call = {"prompt": PROMPT, **call}
+        # given embeddings, the pipeline's batch is theirs: one row per sample
+        call = {**call, **sd3_embeds(Conditioning.cat([t.cond for t in trajectories])), "negative_prompt": None,
+                per_prompt: 1}
     with torch.no_grad():
         out = pipe(num_inference_steps=num_steps, height=SIZE, width=SIZE, latents=layout(start.clone()),
                    output_type="latent", **call)
@@ -114,6 +121,12 @@ def run_parity(path, family, num_steps, **param_overrides):
 @pytest.mark.parametrize("num_steps", [2, 7])  # shift_terminal schedules (Qwen, LTX) need 2 or more
 def test_engine_at_noise_level_0_matches_the_pipeline(family, num_steps, tiny_checkpoint):
     assert run_parity(tiny_checkpoint(family), family, num_steps) <= 1e-5
+
+
+@pytest.mark.parametrize("family", sorted(CASES))
+def test_a_batched_microgroup_matches_the_pipeline_at_that_batch(family, tiny_checkpoint):
+    """Three samples forwarded together by the engine, three images per prompt by the pipeline."""
+    assert run_parity(tiny_checkpoint(family), family, 4, batch=3) <= 1e-5
 
 
 def released_sd3(root, tiny_sd3):
