@@ -18,24 +18,34 @@ def _inputs(model, batch=3, seed=0):
 
 
 def _assert_batch_and_autograd_invariant(model, expert=None):
+    """The same batch gives the same bits with or without autograd, the unconditional branch
+    detached or not (the trainer recomputing the engine's forward). Each sample alone is a forward of
+    another shape, whose kernels may block their float32 sums differently: equal to the
+    pipeline-parity tolerance (1e-5 relative), the bound a reassociated sum of a few thousand
+    float32 terms through a handful of layers stays far below (~1e-6)."""
     x, cond = _inputs(model)
     sigma = torch.tensor([0.9, 0.5, 0.2])
     with torch.no_grad():
         rollout = model.velocity(x, sigma, cond, 4.0, expert)
     with torch.enable_grad():
-        train = model.velocity(x, sigma, cond, 4.0, expert)
-        singles = [model.velocity(x[i : i + 1], sigma[i : i + 1], cond.select(i), 4.0, expert) for i in (2, 0, 1)]
-    assert torch.equal(rollout, train.detach())
-    assert torch.equal(rollout, torch.cat([singles[1], singles[2], singles[0]]).detach())
+        train = model.velocity(x, sigma, cond, 4.0, expert, detach_uncond=True)
+        both = model.velocity(x, sigma, cond, 4.0, expert)
+        singles = [model.velocity(x[i : i + 1], sigma[i : i + 1], cond.select(i), 4.0, expert) for i in range(3)]
+    assert torch.equal(rollout, train.detach()) and torch.equal(rollout, both.detach())
+    alone = torch.cat(singles).detach()
+    assert float((rollout - alone).abs().max() / rollout.abs().max()) <= 1e-5
     return rollout
 
 
 @pytest.mark.parametrize("family", FAMILY_NAMES)
-def test_velocity_is_identical_with_or_without_grad_and_in_any_batch(family, tiny_checkpoint):
+def test_velocity_is_identical_with_or_without_grad_and_close_to_each_sample_alone(family, tiny_checkpoint):
     model = load_model(tiny_checkpoint(family))
     for expert in model.transformers:
         out = _assert_batch_and_autograd_invariant(model, expert)
         assert out.shape[1:] == model.latent_shape(32, 32, 5) and out.dtype == torch.float32
+    if len(model.transformers) > 1:  # sigmas on both sides of Wan2.2's boundary: one call per expert, rows in order
+        mixed = _assert_batch_and_autograd_invariant(model, None)
+        assert not torch.equal(mixed[0], _assert_batch_and_autograd_invariant(model, "transformer_2")[0])
 
 
 def _randomize_lora(module, seed):
