@@ -29,7 +29,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 FLAGS = ("--rollout-batch-size 4 --n-samples-per-prompt 8 --diffusion-height 64 --diffusion-width 64 "
          "--diffusion-num-steps 8 --diffusion-num-sde-steps 2 --rm-type brightness --device cpu "
-         "--micro-batch-size 8 --num-rollout 1 --lr 1e-4 --colocate "
+         "--num-rollout 1 --lr 1e-4 --colocate "
          "--actor-num-gpus-per-node 1 --num-gpus-per-node 1")
 MODES = ("pinned", "native-1-thread", "native-default-threads")
 

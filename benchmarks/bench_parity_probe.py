@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 FLAGS = ("--rollout-batch-size 2 --n-samples-per-prompt 4 --diffusion-num-steps 6 --diffusion-num-sde-steps 2 "
-         "--rm-type brightness --device cpu --micro-batch-size 1 --num-steps-per-rollout 2 --num-rollout 1 "
+         "--rm-type brightness --device cpu --rollout-microgroup-size 1 --micro-batch-size 1 --num-steps-per-rollout 2 --num-rollout 1 "
          "--lr 1e-5 --actor-num-gpus-per-node 1 --num-gpus-per-node 2")
 MODES = {"no probe": "", "probe every micro-batch": "--diffusion-debug-mode",
          "probe 1 micro-batch per rollout": "--diffusion-debug-mode --diffusion-debug-probe-micro-batches 1"}
