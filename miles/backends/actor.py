@@ -271,6 +271,10 @@ class TrainRank:
                  before_forward=None, train: bool = False):
         """The model output and SDE step of stored pairs under the current weights.
 
+        `pairs` is one rollout tile (the batch plan refuses any other layout): an engine microgroup's
+        samples at one step, in its order, so `velocity` runs the engine's very batch (the
+        unconditional half detached in the same call when training) and gives the engine's bits.
+
         `before_forward(ctx)` runs before the graph is built (the EMA reference swaps weights in place,
         which must not happen to tensors a pending backward has saved).
         """
