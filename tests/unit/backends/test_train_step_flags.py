@@ -137,8 +137,12 @@ def backward_passes(run_dir, flags: str, batch=None) -> tuple[int, object]:
 def test_micro_batch_size_sets_the_pairs_per_backward_pass(tmp_path):
     # 4 samples x 1 trained step = 4 pairs in one optimizer step; a flat micro-batch of m pairs is
     # m samples at that step, one engine forward when the engines sample in microgroups of m
+    import dataclasses
+
     flags = "--diffusion-num-sde-steps 1 --num-steps-per-rollout 1"
-    ones, batch = backward_passes(tmp_path / "1", f"{flags} --rollout-microgroup-size 1 --micro-batch-size 1")
+    args, _ = tiny_args(tmp_path / "rollout", flags)
+    batch = dataclasses.replace(one_rollout(args, 0, engine_for(args)), trained_steps=[0])  # it recorded steps 0, 1
+    ones, _ = backward_passes(tmp_path / "1", f"{flags} --rollout-microgroup-size 1 --micro-batch-size 1", batch)
     twos, _ = backward_passes(tmp_path / "2", f"{flags} --rollout-microgroup-size 2 --micro-batch-size 2", batch)
     assert (ones, twos) == (4, 2)
 
