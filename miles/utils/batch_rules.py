@@ -104,7 +104,7 @@ def compute_batch_plan(ns: Namespace) -> BatchPlan:
     spec = micro_batch_spec(ns)
     windows = _all_windows(ns, dp_size, steps_per_rollout)
     gbs = _check_global_batch(ns, gbs, steps_per_rollout, dp_size)
-    forwards = _tile_all(windows, spec)
+    forwards = _tile_default_tile(ns, dp_size, steps_per_rollout, windows, spec)
     sigmas = tuple(sigma_schedule(ns.diffusion_num_steps, shift_of(ns, family)))
     experts = _experts_per_step(family, sigmas, ns.diffusion_num_steps)
     _check_phase_purity(ns, family, experts, forwards)
@@ -176,6 +176,21 @@ def _check_rollout_tiles(ns: Namespace, dp_size: int, steps_per_rollout: int, sp
         f"forward must be one microgroup of --rollout-microgroup-size {group} samples at one timestep, as the "
         f"engines ran it (else parity is not exact); fix: {_rollout_tile_fix(ns, dp_size, steps_per_rollout)}"
     )
+
+
+def _tile_default_tile(ns: Namespace, dp_size: int, steps_per_rollout: int, windows, spec: MicroBatchSpec):
+    """`_tile_all`, with the rollout tile's own message when unset flags chose it and it does not fit."""
+    try:
+        return _tile_all(windows, spec)
+    except ConfigError as error:
+        unset = ns.micro_batch_size is None and ns.micro_batch_size_sample is None
+        if not (unset and rollout_microgroup(ns)):
+            raise
+        raise ConfigError(
+            f"the rollout tile (no micro-batch flags: one microgroup of --rollout-microgroup-size "
+            f"{rollout_microgroup(ns)} samples x 1 timestep per forward) does not fit: {str(error).split('; fix:')[0]}; "
+            f"fix: {_rollout_tile_fix(ns, dp_size, steps_per_rollout)}"
+        ) from None
 
 
 def _tile_problem(forwards, group: int) -> str | None:

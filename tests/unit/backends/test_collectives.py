@@ -61,7 +61,9 @@ def test_every_collective_of_a_train_step_gets_tensors_the_cpu_and_the_gpu_backe
     import miles.backends.actor as actor
     from dtype_helpers import one_rollout, tiny_args
 
-    args, plan = tiny_args(tmp_path, "--actor-num-gpus-per-node 2 --num-gpus-per-node 2 --colocate")
+    # a rank's optimizer step holds one sample (at 2 steps), so the engines sample one at a time to match
+    args, plan = tiny_args(tmp_path, "--actor-num-gpus-per-node 2 --num-gpus-per-node 2 --colocate "
+                                     "--rollout-microgroup-size 1")
     batch = one_rollout(args, rollout_id=0)
     monkeypatch.setattr(actor, "Collectives", _TwoIdenticalRanks)
     rank = actor.TrainRank(args, plan, 0, 2)

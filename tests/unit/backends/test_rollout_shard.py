@@ -27,7 +27,9 @@ def rank_one_of_two():
 
 
 def _two_rank_args(run_dir):
-    return tiny_args(run_dir, f"--actor-num-gpus-per-node {RANKS} --num-gpus-per-node {RANKS + 1}")
+    # a rank's optimizer step holds one sample (at 2 steps): the engines sample one at a time to match
+    return tiny_args(run_dir, f"--actor-num-gpus-per-node {RANKS} --num-gpus-per-node {RANKS + 1} "
+                              f"--rollout-microgroup-size 1")
 
 
 def test_each_rank_is_sent_about_half_the_bytes_and_every_trajectory_it_reads(tmp_path):

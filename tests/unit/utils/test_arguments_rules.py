@@ -133,6 +133,15 @@ def test_a_micro_batch_that_is_no_engine_forward_is_refused_naming_the_flags_and
     plan(*flags, *fix.split(" (")[0].split())  # the fix it names is accepted
 
 
+def test_a_default_rollout_tile_that_does_not_fit_an_optimizer_step_names_one_that_does():
+    # 2 ranks, 2 optimizer steps: a rank's step holds one sample at 2 timesteps, no microgroup of 2
+    message = refused(r"^the rollout tile \(no micro-batch flags: one microgroup of --rollout-microgroup-size 2 "
+                      r"samples x 1 timestep per forward\) does not fit: .*1 samples x 2 timesteps",
+                      "--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--diffusion-num-sde-steps", "2",
+                      "--num-steps-per-rollout", "2", "--actor-num-gpus-per-node", "2", "--colocate")
+    assert message.endswith("fix: --rollout-microgroup-size 1 --micro-batch-size 1")
+
+
 def test_stride_split_that_scatters_a_microgroup_is_refused_with_the_contiguous_fix():
     # 4 ranks deal 32 pairs round-robin: a rank's samples at a step are every other one of a prompt
     message = refused(r"not microgroup", "--rollout-batch-size", "2", "--n-samples-per-prompt", "4",
