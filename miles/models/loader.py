@@ -296,8 +296,9 @@ class DiffusionModel:
         """The inverse of `decode`: [B, 3, H, W] (video: [B, F, 3, H, W]) in [0, 1] -> [B, ...] fp32
         latents in the transformer's layout, on the model's device.
 
-        The VAE posterior's mean, one sample at a time (like `decode`), so a sample's latents do
-        not depend on the batch it is encoded in and the same pixels always give the same latents.
+        The VAE posterior's mean, one sample at a time, so a sample's latents do not depend on the
+        batch it is encoded in and the same pixels always give the same latents (SFT data; no
+        trainer recomputes these, unlike the engine's batched forwards).
         """
         expected = 5 if self.spec.is_video else 4
         if pixels.ndim != expected:

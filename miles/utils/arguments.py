@@ -275,8 +275,8 @@ def _sampling(parser) -> None:
                    help="prompt tokens, the pipeline's max_sequence_length; unset: the family pipeline's default")
     g.add_argument("--negative-prompt", default="", help="negative prompt for guidance")
     g.add_argument("--rollout-microgroup-size", type=positive_int, default=None,
-                   help="samples of a prompt an engine denoises as one step-by-step group (each model forward "
-                        "still runs one sample); unset: all of them")
+                   help="samples of a prompt an engine denoises as one batch (one model forward per step; "
+                        "each train forward is one such microgroup at one timestep); unset: all of them")
     g.add_argument("--rollout-seed", type=any_int, default=42, help="seed of rollout noise and prompt order")
     _switch(g, "--rollout-shuffle", "shuffle the prompt order each epoch")
 
