@@ -34,12 +34,12 @@ from dataclasses import dataclass, field
 import torch
 from torch.distributed.tensor import DTensor as _DTensor
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves, tree_map
+from torch.utils._pytree import tree_map
 
 HOST = "host"
 UNPLACED = "meta in the real run"  # what the real run itself builds on meta: no bytes anywhere
 _FSDP_FILES = ("/torch/distributed/fsdp/", "/torch/distributed/_composable/")
-_SNAPSHOT_STEP = 1.03  # a new top-tensors snapshot when a role's peak grows by 3 %
+_SNAPSHOT_STEP = 1.05  # a new top-tensors snapshot when a role's peak grows by 5 %
 _TOP = 6
 
 
@@ -80,6 +80,7 @@ class PhaseRecord:
 class LiveMemory:
     def __init__(self):
         self.live: dict[int, Allocation] = {}
+        self.by_role: dict[tuple[str, str], dict[int, Allocation]] = {}
         self.totals: dict[tuple[str, str], int] = {}
         self.place, self.role = HOST, "driver"
         self.phase: PhaseRecord | None = None
@@ -123,6 +124,7 @@ class LiveMemory:
             return
         alloc = Allocation(storage.nbytes(), place, self.role, tuple(tensor.shape), tensor.dtype, op)
         self.live[key] = alloc
+        self.by_role.setdefault((place, self.role), {})[key] = alloc
         self._add((place, self.role), alloc.nbytes)
         weakref.finalize(storage, self._free, key)
 
@@ -150,11 +152,12 @@ class LiveMemory:
     def _free(self, key: int) -> None:
         alloc = self.live.pop(key, None)
         if alloc is not None:
+            self.by_role[(alloc.place, alloc.role)].pop(key, None)
             self._add((alloc.place, alloc.role), -alloc.nbytes)
 
     def largest(self, key: tuple[str, str], n: int = _TOP) -> list[tuple[int, Allocation, int]]:
         """(storage key, allocation, its bytes now) of the role's largest live storages."""
-        return heapq.nlargest(n, ((k, a, a.nbytes) for k, a in self.live.items() if (a.place, a.role) == key),
+        return heapq.nlargest(n, ((k, a, a.nbytes) for k, a in self.by_role.get(key, {}).items()),
                               key=lambda item: item[2])
 
     # -- names ----------------------------------------------------------------------------------
@@ -221,7 +224,7 @@ class _Mode(TorchDispatchMode):
         kwargs = dict(kwargs or {})
         if func is torch.ops.aten._local_scalar_dense.default and args[0].device.type == "meta":
             return False if args[0].dtype == torch.bool else 0 if not args[0].is_floating_point() else 0.0
-        inputs = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        inputs = _tensors(args, kwargs)
         if _wants_cpu(kwargs) and not _empty_request(func, args):
             kwargs["device"] = torch.device("meta")
             place = memory.place if memory.place == UNPLACED or _inside_fsdp() else HOST
@@ -231,7 +234,7 @@ class _Mode(TorchDispatchMode):
                 args, kwargs = tree_map(_to_meta, (args, kwargs))
             place = self._place_of(metas, kwargs)
         out = func(*args, **kwargs)
-        for t in tree_leaves(out):
+        for t in _flat(out if isinstance(out, (list, tuple)) else (out,)):
             if isinstance(t, torch.Tensor):
                 memory.charge(t, place if t.device.type == "meta" else HOST, func.__name__)
         return out
@@ -245,6 +248,20 @@ class _Mode(TorchDispatchMode):
         if not places or places - {HOST, UNPLACED}:
             return memory.place
         return HOST if HOST in places else UNPLACED
+
+
+def _flat(values):
+    """The items of an op's arguments or outputs, one level of lists and tuples opened (no pytree:
+    this runs at every op)."""
+    for v in values:
+        if isinstance(v, (list, tuple)):
+            yield from v
+        else:
+            yield v
+
+
+def _tensors(args, kwargs) -> list[torch.Tensor]:
+    return [t for t in _flat((*args, *kwargs.values())) if isinstance(t, torch.Tensor)]
 
 
 def _key(t: torch.Tensor) -> int | None:

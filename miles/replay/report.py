@@ -19,6 +19,10 @@ TOLERANCE = 0.15
 HOST_MEMORY_GB = 1024.0
 
 
+class ReplayFailure(AssertionError):
+    """A phase over its budget or more than TOLERANCE from the plan (the message names them)."""
+
+
 class ReplayInputError(ValueError):
     """A recipe or scale the replay cannot take (one line, names the argument)."""
 
@@ -73,6 +77,10 @@ class Report:
 
     def problems(self) -> list[str]:
         return [r.problem for r in self.rows if r.problem is not None]
+
+    def check(self) -> None:
+        if not self.ok:
+            raise ReplayFailure("\n".join(self.lines()))
 
     def lines(self) -> list[str]:
         out = [f"replay of {self.recipe} --scale {self.scale} (GiB; measured | memory plan | budget)"]

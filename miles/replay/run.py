@@ -435,8 +435,16 @@ def _top(memory: LiveMemory, record: PhaseRecord, place: str) -> list[str]:
 
 def _host_per_node(memory: LiveMemory, args, engines: bool) -> int:
     """The most host memory one node's processes hold in any phase: its train ranks and engines."""
+    from miles.utils.memory_plan import engines_per_node
+
     ranks = args.actor_num_gpus_per_node
-    engine_count = (ranks if args.colocate else min(args.num_gpus_per_node - ranks, args.rollout_num_gpus)) \
-        if engines else 0
-    return max((ranks * record.role_share(HOST, RANK) + engine_count * record.role_share(HOST, ENGINE)
-                for record in memory.phases), default=0)
+    engine_count = engines_per_node(args) if engines else 0
+    dp_save = getattr(args, "train_backend", "dp") != "fsdp"
+
+    def ranks_host(record: PhaseRecord) -> int:
+        if record.name == "checkpoint save" and dp_save:  # only rank 0 writes a data-parallel checkpoint
+            return record.role_share(HOST, RANK) + (ranks - 1) * record.start.get((HOST, RANK), 0)
+        return ranks * record.role_share(HOST, RANK)
+
+    return max((ranks_host(record) + engine_count * record.role_share(HOST, ENGINE) for record in memory.phases),
+               default=0)

@@ -14,6 +14,7 @@ project's own code. All are undone when the replay ends.
 - the sharded setup's reading of each rank's rows from the safetensors files: the parameters
   get (meta) storage on the device and each weight's rows pass through the host one at a time;
 - attention runs as the GPU's fused kernel (`_fused_attention`), not torch's math fallback;
+- without torchvision (not a dependency), diffusers' Cosmos transformer gets a nearest resize;
 - objects gathered from the ranks (`all_gather_object`) are rank 0's, as every rank is;
 - the checkpoint writers (safetensors `save_file`, `torch.distributed.checkpoint.save`) write
   no file: they make the host copies the real writers make (safetensors: every tensor's bytes
@@ -143,6 +144,20 @@ def _fused_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal
                                                                   scale=scale)[0]
 
 
+class _NearestResize:
+    """torchvision's `transforms` as diffusers' Cosmos transformer uses it (its padding mask, resized
+    nearest): torchvision is not among this project's dependencies, so without it that forward
+    stops at a NameError; the replay runs it with torch's own nearest interpolation."""
+
+    class InterpolationMode:
+        NEAREST = "nearest"
+
+    class functional:  # noqa: N801 - torchvision's name
+        @staticmethod
+        def resize(tensor, size, interpolation="nearest"):
+            return torch.nn.functional.interpolate(tensor, size=list(size), mode="nearest")
+
+
 def _all_gather_object(object_list: list, obj, group=None) -> None:
     """Every rank is replayed as rank 0: each one's object is this rank's (pickled objects cannot
     ride a meta tensor)."""
@@ -215,6 +230,10 @@ def replay_seams(memory: LiveMemory):
         ]:
             stack.enter_context(mock.patch(target, value))
         assert _fsdp_param_group is not None
+        import diffusers.models.transformers.transformer_cosmos as cosmos
+
+        if not hasattr(cosmos, "transforms"):
+            stack.enter_context(mock.patch.object(cosmos, "transforms", _NearestResize, create=True))
         yield
 
 

@@ -667,12 +667,19 @@ def _per_sample_bytes(ns: Namespace, plan, facts: ModelFacts, geo: Geometry) -> 
     return stored + pixels
 
 
+def engines_per_node(ns: Namespace) -> int:
+    """Engines on the first node: one per train GPU when colocated, else the rollout GPUs there."""
+    from miles.utils.validation import rollout_gpus
+
+    ranks = ns.actor_num_gpus_per_node
+    return ranks if ns.colocate else max(0, min(ns.num_gpus_per_node - ranks, rollout_gpus(ns)))
+
+
 def _host_phases(ns: Namespace, plan, facts: ModelFacts, geo: Geometry, train: RoleEstimate,
                  engine: RoleEstimate | None) -> dict[str, float]:
     """One node's host memory per phase: its train ranks and engines (see phase_plan)."""
     ranks = ns.actor_num_gpus_per_node
-    engines = 0 if engine is None else (ranks if ns.colocate else min(ns.num_gpus_per_node - ranks,
-                                                                          ns.rollout_num_gpus or 1))
+    engines = 0 if engine is None else engines_per_node(ns)
     offload_train, offload_rollout = getattr(ns, "offload_train", False), getattr(ns, "offload_rollout", False)
     m, o, synced = train.models, train.optimizer_state, train.synced
     offloaded = m + o if offload_train else 0.0

@@ -11,18 +11,26 @@ from pathlib import Path
 import pytest
 
 from miles.replay.doc_table import cases, committed_rows, repo_root, rows_of
-from miles.replay.report import replay_recipe
+from miles.replay.report import ReplayFailure, replay_recipe
 
 REPO = repo_root()
 CASES = cases(REPO)
+# cases the replay shows do not fit yet, and why (docs/memory-plan.md, "Not fitting yet")
+KNOWN: dict[tuple[str, str], str] = {}
 
 
-@pytest.mark.parametrize("recipe,scale", CASES, ids=[f"{Path(r).stem}-{s}" for r, s in CASES])
+def _param(recipe: str, scale: str):
+    reason = KNOWN.get((recipe, scale))
+    marks = [pytest.mark.xfail(raises=ReplayFailure, strict=True, reason=reason)] if reason else []
+    return pytest.param(recipe, scale, marks=marks, id=f"{Path(recipe).stem}-{scale}")
+
+
+@pytest.mark.parametrize("recipe,scale", [_param(r, s) for r, s in CASES])
 def test_every_phase_fits_its_budget_and_agrees_with_the_memory_plan(recipe, scale):
     report = replay_recipe(REPO / recipe, scale, extrapolate=True)
-    assert report.ok, "\n".join(report.lines())
     assert rows_of(committed_rows(), recipe, scale) == report.table_rows(), (
         "docs/memory-plan.md's replay table is stale: regenerate it with python3 -m miles.replay.doc_table --write")
+    report.check()
 
 
 def test_the_committed_table_has_a_row_for_every_case_and_no_other():
