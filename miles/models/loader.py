@@ -324,8 +324,12 @@ class DiffusionModel:
         config = LoraConfig(r=rank, lora_alpha=alpha if alpha is not None else rank,
                             target_modules=list(target_modules or self.spec.lora_target_modules))
         for name in components or self.spec.transformer_components:
-            inject_adapter_in_model(config, self.transformers[name])
-            self.transformers[name].to(device=self.device, dtype=self.dtype).requires_grad_(False)
+            module = self.transformers[name]
+            if hasattr(module, "add_adapter"):  # diffusers' way: `disable_adapters` (the lora_base KL) then works
+                module.add_adapter(config)
+            else:
+                inject_adapter_in_model(config, module)
+            module.to(device=self.device, dtype=self.dtype).requires_grad_(False)
 
     def load_weights(self, component: str, state_dict: dict[str, torch.Tensor]) -> None:
         """Copy tensors into a component; a partial dict (e.g. only LoRA tensors) is fine.

@@ -15,9 +15,8 @@ whether the real run would have it on a GPU or in host memory. So:
   rank fills its rows) is charged nowhere (`UNPLACED`), and so is what is made from it alone;
 - an op's other outputs are where its inputs are (on the GPU if any input is).
 
-One gap: a host tensor moved to the device in the same dtype (`x.to(device)`) is no copy on meta
-(it is already there), so it stays counted on the host: the micro-batch's latents and
-conditioning, megabytes beside the gigabytes of a phase.
+A host tensor moved to the device (`x.to(device)`, a module's `.to(device)`) is no copy on meta (it
+is already there): `moved_to_device` (miles.replay.seams) makes it one, on the role's GPU.
 
 Scalars read from a meta tensor (`float(loss)`) are 0: no value is ever computed.
 """
@@ -83,6 +82,7 @@ class LiveMemory:
         self.by_role: dict[tuple[str, str], dict[int, Allocation]] = {}
         self.totals: dict[tuple[str, str], int] = {}
         self.place, self.role = HOST, "driver"
+        self.forced: str | None = None  # a place every new storage goes to (a host tensor moved to the device)
         self.phase: PhaseRecord | None = None
         self.phases: list[PhaseRecord] = []
         self._snapshot_at: dict[tuple[str, str], int] = {}
@@ -159,6 +159,18 @@ class LiveMemory:
         """(storage key, allocation, its bytes now) of the role's largest live storages."""
         return heapq.nlargest(n, ((k, a, a.nbytes) for k, a in self.by_role.get(key, {}).items()),
                               key=lambda item: item[2])
+
+    def place_of(self, tensor: torch.Tensor) -> str | None:
+        alloc = self.live.get(_key(tensor))
+        return None if alloc is None else alloc.place
+
+    @contextmanager
+    def forcing(self, place: str):
+        saved, self.forced = self.forced, place
+        try:
+            yield
+        finally:
+            self.forced = saved
 
     # -- names ----------------------------------------------------------------------------------
 
@@ -242,6 +254,8 @@ class _Mode(TorchDispatchMode):
     def _place_of(self, metas, kwargs) -> str:
         """The current role's place for what it asks onto its device; else where the inputs are."""
         memory = self.memory
+        if memory.forced is not None:
+            return memory.forced
         if memory.place == UNPLACED or kwargs.get("device") is not None:
             return memory.place
         places = {memory.live[k].place for k in map(_key, metas) if k in memory.live}

@@ -16,6 +16,10 @@ from miles.replay.run import PHASES, ReplayResult, ReplayUnavailable, replay
 
 GIB = 1024 ** 3
 TOLERANCE = 0.15
+# what the plan leaves out, whatever the model's size: the micro-batch's inputs, metric and RNG
+# tensors, a scalar per parameter (AdamW's step), one weight's rows in flight; under 1 GiB on every
+# case replayed (docs/memory-plan.md), so small host figures are not held to 15 % of themselves
+SLACK = 1.0 * 1024 ** 3
 HOST_MEMORY_GB = 1024.0
 
 
@@ -46,7 +50,7 @@ class Row:
     def agrees(self) -> bool:
         if not self.compare:
             return True
-        return abs(self.measured - self.estimate) <= TOLERANCE * max(self.measured, self.estimate)
+        return abs(self.measured - self.estimate) <= max(TOLERANCE * max(self.measured, self.estimate), SLACK)
 
     @property
     def problem(self) -> str | None:
@@ -55,7 +59,7 @@ class Row:
             what.append(f"over its budget of {self.budget / GIB:.1f} GiB")
         if not self.agrees:
             what.append(f"{self.measured / max(self.estimate, 1):.2f} x the plan's estimate "
-                        f"{self.estimate / GIB:.1f} GiB (more than {TOLERANCE:.0%} apart)")
+                        f"{self.estimate / GIB:.1f} GiB (more than {TOLERANCE:.0%} and 1 GiB apart)")
         if not what:
             return None
         roles = ", ".join(f"{r} {b / GIB:.1f} GiB" for r, b in self.roles.items())

@@ -79,11 +79,12 @@ class ReplayResult:
 
 
 def table_key(ns: Namespace) -> str:
-    from miles.utils.memory_plan import _table_key
+    from miles.utils.memory_plan import _hub_repo_name, _table_key
 
     key = _table_key(ns.hf_checkpoint) if ns.hf_checkpoint else None
     if key is None:
-        raise ReplayUnavailable(f"{ns.hf_checkpoint}: not in the committed size table (miles/utils/model_table.py), "
+        name = _hub_repo_name(ns.hf_checkpoint or "") or Path(ns.hf_checkpoint or "-").name
+        raise ReplayUnavailable(f"{name}: not in the committed size table (miles/utils/model_table.py), "
                                 f"so there is no config to build it from")
     return key
 
@@ -125,6 +126,10 @@ def _replay_once(ns: Namespace, plan, key: str, blocks: int | None) -> ReplayRes
         args.hf_checkpoint, args.save = str(path), str(root / "save")
         stack.enter_context(fake_process_group(world))
         stack.enter_context(replay_seams(memory))
+        # what the code makes without naming a device is made where a GPU process makes it and moves it
+        # (a module's layers, PEFT's adapters: built on the CPU, then moved to the device, a move that
+        # meta cannot tell apart from no move): on the device; a tensor asked for on the CPU is host memory
+        stack.enter_context(torch.device("meta"))
         stack.enter_context(memory.mode)
         try:
             result = _phases(memory, args, plan, world, has_rollout_engines(ns), root, key, blocks)
@@ -170,11 +175,12 @@ def _phases(memory: LiveMemory, args, plan, world: int, engines: bool, root: Pat
         skipped["train"] = "SFT's step reads media files and encodes prompts (not replayed)"
     else:
         with memory.at(HOST, RANK):
-            batch, held = _batch(args, rank, plan)
+            batches, held = _batches(args, rank, plan)
         with memory.measuring("train"):
             with memory.at(TRAIN_GPU, RANK):
-                rank.train(batch)
-        del batch, held
+                for batch in batches:  # one step on each trained expert: each one's AdamW state exists after
+                    rank.train(batch)
+        del batches, batch, held
     _name(memory, rank, engine)
     if engine is not None:
         with memory.measuring("weight push"):
@@ -293,7 +299,28 @@ def _rollout_step(memory: LiveMemory, args, engine) -> None:
     del held  # what generate returns outlives the weights' offload
 
 
-def _batch(args, rank, real_plan):
+def _batches(args, rank, real_plan):
+    """The batches of the train phase (one per trained expert, see below), and the shard's other
+    trajectories (held once)."""
+    model = rank.fmodel
+    params = _sampling(args)
+    sigmas = model.sigmas(params.num_steps, params.shift, params.height, params.width, params.num_frames)
+    experts = [model.expert_for_step(sigmas, k) for k in range(params.num_steps)]
+    trained = [e for e in dict.fromkeys(experts) if e in rank.components]
+    # every trained expert once (each one's AdamW state exists after its first step), then the first
+    # again: the steady state, every state present while a step runs
+    order = trained + trained[:1] if len(trained) > 1 else trained
+    out = [_batch(args, rank, real_plan, expert, hold=i == 0) for i, expert in enumerate(order)]
+    return [b for b, _ in out], out[0][1]
+
+
+def _sampling(args):
+    from miles.rollout.types import SamplingParams
+
+    return SamplingParams.from_args(args)
+
+
+def _batch(args, rank, real_plan, expert: str, hold: bool):
     """A rollout batch dealing rank 0 its one micro-batch, and the rest of the shard the real plan
     deals it (held beside, never read): its trajectories on the host, as the driver ships them
     (miles.backends.rollout_shard: every other trajectory is None)."""
@@ -311,18 +338,23 @@ def _batch(args, rank, real_plan):
     shape = model.latent_shape(params.height, params.width, params.num_frames)
     experts = [model.expert_for_step(sigmas, k) for k in range(steps)]
     scales = guidance_scales(model, params)
-    trained = [_trained_step(plan, experts)] * plan.num_trained_steps
-    trained = list(range(trained[0], trained[0] + plan.num_trained_steps))
+    first = _trained_step(plan, experts, expert)
+    trained = list(range(first, first + plan.num_trained_steps))
     mine = {p.sample for p in shard_pairs(expand_pairs(plan.samples_per_rollout, trained), plan.dp_size, 0,
                                           plan.dp_split_mode)}
     dtype = getattr(torch, args.rollout_dtype or "float32")
     image = (3, params.height, params.width) if params.num_frames <= 1 else (
         params.num_frames, 3, params.height, params.width)  # the decoded sample, float32 (sampler._denoise)
 
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    with _disable_current_modes(), torch.device("cpu"):  # real values: the rank reads them (tolist)
+        host_sigmas = torch.tensor(sigmas, dtype=torch.float32)
+
     def trajectory(i: int) -> Trajectory:
         meta = lambda *s: torch.empty(s, dtype=torch.float32, device="meta")  # noqa: E731
         return Trajectory(prompt="", group_index=i // args.n_samples_per_prompt, sample_index=i, seed=i,
-                          latents=meta(steps + 1, *shape), sigmas=torch.tensor(sigmas, dtype=torch.float32),
+                          latents=meta(steps + 1, *shape), sigmas=host_sigmas.clone(),
                           log_probs=meta(steps), trained_steps=trained, cond=_conditioning(model, args, dtype),
                           experts=experts, guidance_scales=[scales[e] for e in experts], sde_type="sde",
                           noise_level=params.noise_level, image=meta(*image),
@@ -332,13 +364,16 @@ def _batch(args, rank, real_plan):
     n = plan.samples_per_rollout
     real = len({p.sample for p in shard_pairs(expand_pairs(real_plan.samples_per_rollout, range(
         real_plan.num_trained_steps)), real_plan.dp_size, 0, real_plan.dp_split_mode)})
-    held = [trajectory(i) for i in range(max(0, real - len(mine)))]
+    held = [trajectory(i) for i in range(max(0, real - len(mine)))] if hold else []
     return RolloutBatch(0, trajectories, [0.0] * n, [1.0 if i % 2 else -1.0 for i in range(n)], trained), held
 
 
-def _trained_step(plan, experts: list[str]) -> int:
-    steps = [s for s in plan.trainable_steps if s + plan.num_trained_steps <= len(experts)]
-    return (steps or [0])[0]
+def _trained_step(plan, experts: list[str], expert: str) -> int:
+    """The first step the plan may train whose window of trained steps stays on `expert`."""
+    n = plan.num_trained_steps
+    steps = [s for s in plan.trainable_steps if s + n <= len(experts) and set(experts[s:s + n]) == {expert}]
+    steps = steps or [s for s in range(len(experts) - n + 1) if set(experts[s:s + n]) == {expert}]
+    return steps[0]
 
 
 def _weight_push(memory: LiveMemory, args, rank, engine, places: dict[str, str]) -> None:

@@ -10,7 +10,8 @@ project's own code. All are undone when the replay ends.
 - `Collectives`, the ranks' group, is checked as on a GPU rank (`cpu:gloo,cuda:nccl`): a
   collective of a host tensor goes to gloo, of a GPU tensor to NCCL, anything else is refused;
 - a meta storage's `data_ptr` is its own id (every meta storage reports 0, and the offload code
-  tells storages apart by it), and resizing a storage in place (offload) is counted;
+  tells storages apart by it), and resizing a storage in place (offload) is counted; a real host
+  scalar (AdamW's step count) is not freed by an offload, since its host copy is on meta;
 - the sharded setup's reading of each rank's rows from the safetensors files: the parameters
   get (meta) storage on the device and each weight's rows pass through the host one at a time;
 - attention runs as the GPU's fused kernel (`_fused_attention`), not torch's math fallback;
@@ -173,6 +174,26 @@ def _unplaced(memory: LiveMemory, fn):
     return wrapped
 
 
+def _moved_to_device(memory: LiveMemory):
+    """`Tensor.to` as on a GPU: a host tensor asked onto the device is copied there. On meta the
+    two are one device, so torch hands back the same tensor; this makes the copy, on the role's GPU."""
+    to = torch.Tensor.to
+
+    def moved(self, *args, **kwargs):
+        out = to(self, *args, **kwargs)
+        if out is not self or type(self) not in (torch.Tensor, torch.nn.Parameter) or self.device.type != "meta":
+            return out
+        device = torch._C._nn._parse_to(*args, **kwargs)[0]
+        if device is None or device.type != "meta" or memory.place in (HOST, UNPLACED):
+            return out
+        if memory.place_of(self) != HOST:
+            return out
+        with memory.forcing(memory.place):
+            return self.clone()
+
+    return moved
+
+
 def _named(memory: LiveMemory, build):
     """The loader's meta build of a component, its tensors named as they are made (so a refusal
     can name tensors a phase drops before it ends)."""
@@ -199,6 +220,8 @@ def replay_seams(memory: LiveMemory):
         return self._cdata if self.device.type == "meta" else data_ptr(self)
 
     def counted_resize(self, size):
+        if self.device.type == "cpu" and size == 0:
+            return self  # a real host scalar (AdamW's step) offloaded: kept, as its copy on meta holds no value
         out = resize(self, size)
         if self.device.type == "meta":
             memory.resized(torch.empty(0, dtype=torch.uint8, device="meta").set_(self))
@@ -214,6 +237,7 @@ def replay_seams(memory: LiveMemory):
     with ExitStack() as stack:
         for target, value in [
             ("torch.UntypedStorage.data_ptr", meta_data_ptr),
+            ("torch.Tensor.to", _moved_to_device(memory)),
             ("torch.UntypedStorage.resize_", counted_resize),
             ("torch.distributed.fsdp._fully_shard._fsdp_param_group.FSDPParamGroup._validate_no_meta_params",
              lambda self: None),

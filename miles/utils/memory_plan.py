@@ -387,15 +387,18 @@ def _sharded_train_rank(ns: Namespace, plan, facts: ModelFacts, geo: Geometry) -
     return role, _train_knobs(ns, plan, trained, copy=False)
 
 
-def _activations(ns: Namespace, plan, facts: ModelFacts, geo: Geometry, trained: list[str], c: int
-                 ) -> tuple[tuple[str, float], float]:
-    """The activations of the largest trained transformer: (term, bytes)."""
+def _activations(ns: Namespace, plan, facts: ModelFacts, geo: Geometry, trained: list[str], c: int,
+                 graph_only: bool = False) -> tuple[tuple[str, float], float]:
+    """The activations of the largest trained transformer: (term, bytes). `graph_only`: only the
+    forwards that keep a graph (the unconditional branch runs without one unless
+    --train-uncond-branch); the steady-state lines count both, as they always have."""
     comps = facts.components
     big = max(trained, key=lambda n: comps[n].hidden * comps[n].blocks)
     hidden, blocks = comps[big].hidden, comps[big].blocks
     image, text = _tokens(ns, geo, _text_tokens(ns))
     tokens = image + text
-    forwards = _pairs_per_forward(ns, plan) * (2 if _guided(ns) else 1)
+    both = _guided(ns) and (not graph_only or getattr(ns, "train_uncond_branch", False))
+    forwards = _pairs_per_forward(ns, plan) * (2 if both else 1)
     per_block = ACT_VALUES_PER_TOKEN * tokens * hidden * c
     if ns.gradient_checkpointing:
         per_forward = blocks * tokens * hidden * c + per_block
@@ -613,6 +616,10 @@ def phase_plan(ns: Namespace, plan) -> PhasePlan | None:
     facts = model_facts(ns.hf_checkpoint)
     geo = GEOMETRY[ns.diffusion_model_family]
     train, _ = _train_rank(ns, plan, facts, geo)
+    c = DTYPE_BYTES[ns.compute_dtype]
+    trained = _trained(ns, facts)
+    train.activations += (_activations(ns, plan, facts, geo, trained, c, graph_only=True)[1]
+                          - _activations(ns, plan, facts, geo, trained, c)[1])
     engine = _engine(ns, plan, facts, geo)[0] if has_rollout_engines(ns) else None
     rank_phases = _rank_phases(ns, train, engine)
     engine_phases = _engine_phases(ns, engine, train) if engine is not None else None
