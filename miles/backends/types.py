@@ -18,8 +18,9 @@ class RolloutBatch:
 
     Pickled (a Ray put, a rank's shard) column by column (`pack_trajectories`): each tensor field
     of the trajectories travels as one stacked tensor instead of one small tensor per sample,
-    which costs a fraction of the time to serialise and to load. The trajectories a rank
-    unpickles hold views into those stacked tensors.
+    which costs a fraction of the time to serialise and to load, and equal conditioning rows (a
+    prompt's samples, the negative prompt) travel once. The trajectories a rank unpickles hold
+    views into those stacked tensors; samples with equal conditioning share its tensors.
     """
 
     rollout_id: int
@@ -101,8 +102,27 @@ def _cond_stackable(values: list[Conditioning]) -> bool:
     return alike([v.positive for v in values]) and (values[0].negative is None or alike([v.negative for v in values]))
 
 
-def _pack_dicts(dicts: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    return {k: torch.stack([d[k] for d in dicts]) for k in dicts[0]}
+def _pack_dicts(dicts: list[dict[str, torch.Tensor]]) -> dict[str, tuple[torch.Tensor, list[int]]]:
+    """Per key: the distinct rows stacked, and which one each sample has. Samples of one prompt
+    carry equal prompt embeddings and every sample the same negative ones, so a rollout's
+    conditioning shrinks to a row per prompt (at full scale, megabytes a sample)."""
+    return {k: _distinct_rows([d[k] for d in dicts]) for k in dicts[0]}
+
+
+def _distinct_rows(rows: list[torch.Tensor]) -> tuple[torch.Tensor, list[int]]:
+    distinct: list[torch.Tensor] = []
+    by_key: dict[tuple, list[int]] = {}  # a cheap fingerprint; rows are compared whole within one
+    index = []
+    for row in rows:
+        flat = row.reshape(-1)
+        key = (float(flat[:: max(1, flat.numel() // 64)].double().sum()), float(flat[-1]) if flat.numel() else 0.0)
+        same = next((j for j in by_key.get(key, []) if torch.equal(distinct[j], row)), None)
+        if same is None:
+            same = len(distinct)
+            distinct.append(row)
+            by_key.setdefault(key, []).append(same)
+        index.append(same)
+    return torch.stack(distinct), index
 
 
 def _unpack_column(column: _Column) -> list:
@@ -110,7 +130,7 @@ def _unpack_column(column: _Column) -> list:
         return list(column.data.unbind(0))
     if column.kind == "cond":
         positive, negative = column.data
-        count = len(next(iter(positive.values())))
-        pick = lambda d, i: None if d is None else {k: t[i] for k, t in d.items()}  # noqa: E731
+        count = len(next(iter(positive.values()))[1])
+        pick = lambda d, i: None if d is None else {k: rows[index[i]] for k, (rows, index) in d.items()}  # noqa: E731
         return [Conditioning(pick(positive, i), pick(negative, i)) for i in range(count)]
     return column.data

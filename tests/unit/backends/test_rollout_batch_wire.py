@@ -89,3 +89,21 @@ def test_unguided_conditioning_is_stacked_and_stays_unguided():
     back = pickle.loads(pickle.dumps(batch))
     assert all(t.cond.negative is None for t in back.trajectories)
     assert _same_batch(back, batch)
+
+
+def test_equal_conditioning_rows_travel_once():
+    def batch(shared: bool) -> RolloutBatch:
+        trajectories = [_trajectory(i) for i in range(8)]
+        for i, t in enumerate(trajectories):  # shared: four samples a prompt, one negative prompt for all
+            t.cond = _cond(i // 4 if shared else i)
+            if shared:
+                t.cond.negative = {k: v.clone() for k, v in _cond(99).negative.items()}
+        return _batch(trajectories)
+
+    shared, distinct = batch(True), batch(False)
+    back = pickle.loads(pickle.dumps(shared))
+    assert _same_batch(back, shared) and _same_batch(pickle.loads(pickle.dumps(distinct)), distinct)
+    cond_bytes = lambda b: len(pickle.dumps(b)) - len(pickle.dumps(_batch([  # noqa: E731
+        dataclasses.replace(t, cond=_cond(0)) for t in b.trajectories])))
+    # 2 positive rows and 1 negative instead of 8 and 8 (within the pickle's bookkeeping)
+    assert cond_bytes(shared) < 0.4 * cond_bytes(distinct)
