@@ -151,6 +151,10 @@ def job_shares(marks: list[dict], wall: float, num_rollout: int) -> list[str]:
     first = lambda name: next((m["t"] for m in marks if m["phase"] == name), None)  # noqa: E731
     begin = first("recipe_process_start")
     loop_start, loop_end = first("loop_start"), first("loop_end")
+    missing = [name for name, t in (("recipe_process_start", begin), ("loop_start", loop_start),
+                                    ("loop_end", loop_end)) if t is None]
+    if missing:
+        return [f"main job: the run wrote no {', '.join(missing)} mark ({len(marks)} marks, {wall:.1f}s wall)"]
     end = max(m["t"] for m in marks)
     total = end - begin
     parts = [("start-up (recipe process start to the first rollout)", loop_start - begin),
