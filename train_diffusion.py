@@ -105,7 +105,8 @@ def train(args: Namespace, plan: BatchPlan) -> int:
 
     phases.mark("driver_imports_done")
     args.run_dir = args.run_dir or f"runs/{time.strftime('%Y%m%d-%H%M%S')}"
-    runtime_env = _actor_runtime_env(args)
+    # set before the first actor starts: cuBLAS reads it at initialisation
+    runtime_env = {"env_vars": {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}} if args.deterministic_mode else None
     if args.deterministic_mode:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     loading = refuse_foreign_checkpoints(args)  # before Ray: a refused run starts nothing
@@ -195,19 +196,6 @@ def train(args: Namespace, plan: BatchPlan) -> int:
         ray.util.remove_placement_group(pg)
     phases.mark("driver_end")
     return 0
-
-
-def _actor_runtime_env(args: Namespace) -> dict | None:
-    """What the actors need beyond the job's environment: cuBLAS reads CUBLAS_WORKSPACE_CONFIG at
-    initialisation, so a deterministic run sets it before the first actor starts. The launcher's
-    job env already carries it (or the value --extra-env-vars gave); an actor given a runtime env
-    of its own cannot take one of the worker processes Ray starts ahead for the job, and waits for
-    a fresh one (python, imports)."""
-    import os
-
-    if not args.deterministic_mode or os.environ.get("CUBLAS_WORKSPACE_CONFIG"):
-        return None
-    return {"env_vars": {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}}
 
 
 def refuse_foreign_checkpoints(args: Namespace):
