@@ -108,6 +108,33 @@ def _empty_component(name: str, library: str, class_name: str, folder: Path, dty
     return module.eval().requires_grad_(False)
 
 
+def _meta_component(name: str, library: str, class_name: str, folder: Path, dtype: torch.dtype):
+    """The component built from its config alone with every tensor on the meta device, in `dtype`
+    (the modules a class keeps in float32 stay so, as `from_pretrained` keeps them): what
+    `load_model(..., device="meta")` gives for a memory replay (miles.replay), no weights read.
+    A part that is no module (a tokenizer) is None: it holds no tensor."""
+    cls = _component_class(name, library, class_name)
+    if not issubclass(cls, torch.nn.Module):
+        return None
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(dtype if dtype.is_floating_point else default)  # built in dtype, as from_pretrained does
+    try:
+        with torch.device("meta"):
+            if library == "diffusers":
+                module = cls.from_config(cls.load_config(str(folder)))
+            else:
+                module = cls(cls.config_class.from_pretrained(str(folder)))
+    finally:
+        torch.set_default_dtype(default)
+    module.to(dtype=dtype)
+    keep = getattr(module, "_keep_in_fp32_modules", None) or ()
+    if dtype != torch.float32 and keep:
+        for sub_name, sub in module.named_modules():
+            if any(k in sub_name.split(".") for k in keep):
+                sub.to(dtype=torch.float32)
+    return module.eval().requires_grad_(False)
+
+
 def safetensors_index(folder: Path) -> dict[str, Path]:
     """Tensor name -> the safetensors file under `folder` that stores it."""
     index = {}
@@ -319,8 +346,12 @@ class DiffusionModel:
         config = LoraConfig(r=rank, lora_alpha=alpha if alpha is not None else rank,
                             target_modules=list(target_modules or self.spec.lora_target_modules))
         for name in components or self.spec.transformer_components:
-            inject_adapter_in_model(config, self.transformers[name])
-            self.transformers[name].to(device=self.device, dtype=self.dtype).requires_grad_(False)
+            module = self.transformers[name]
+            if hasattr(module, "add_adapter"):  # diffusers' way: `disable_adapters` (the lora_base KL) then works
+                module.add_adapter(config)
+            else:
+                inject_adapter_in_model(config, module)
+            module.to(device=self.device, dtype=self.dtype).requires_grad_(False)
 
     def load_weights(self, component: str, state_dict: dict[str, torch.Tensor]) -> None:
         """Copy tensors into a component; a partial dict (e.g. only LoRA tensors) is fine.
@@ -361,6 +392,7 @@ def load_model(path: str | Path, family: str | None = None, device: str | torch.
     `skip`: name prefixes of parts never read (left None, no bytes anywhere), e.g. TEXT_PARTS.
     `empty`: components built with their parameters on the meta device in the given dtype, for
     a sharded trainer to fill rank by rank (miles.backends.sharded_load); they stay on the host.
+    `device="meta"`: every part built from its config on meta, no weights read (miles.replay).
     """
     empty = empty or {}
     path = Path(path)
@@ -393,6 +425,8 @@ def load_model(path: str | Path, family: str | None = None, device: str | torch.
             raise CheckpointError(f"checkpoint {path} is missing component {name!r}: no folder {folder}")
         if name in empty:
             parts[name] = _empty_component(name, library, class_name, folder, empty[name])
+        elif torch.device(device).type == "meta":  # a memory replay: shapes and dtypes, no weights
+            parts[name] = _meta_component(name, library, class_name, folder, dtype)
         else:
             parts[name] = _load_component(name, library, class_name, folder, dtype)
     device = torch.device(device)

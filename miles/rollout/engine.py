@@ -65,8 +65,9 @@ class RolloutEngine:
             self.model.apply_lora(rank, alpha, target_modules, components)
 
     def load_weights(self, component: str, state_dict: dict[str, torch.Tensor]) -> None:
-        reload_weights(self.offloaded_weights)  # resident from here until the next generate ends
+        reload_weights(self.offloaded_weights)
         self.model.load_weights(component, state_dict)
+        self._offload_after_update()
 
     def join_weight_sync(self, address, rank: int, plan) -> None:
         """Join the bucketed weight-sync group (miles.backends.sync_group) as `rank`."""
@@ -76,8 +77,18 @@ class RolloutEngine:
 
     def receive_weights(self) -> int:
         """One bucketed weight update, copied in place; the most staging bytes it held at once."""
-        reload_weights(self.offloaded_weights)  # resident from here until the next generate ends
-        return self.weight_receiver.receive().peak
+        reload_weights(self.offloaded_weights)
+        peak = self.weight_receiver.receive().peak
+        self._offload_after_update()
+        return peak
+
+    def _offload_after_update(self) -> None:
+        """--offload-rollout: updated weights go back to the host until the next generate. A
+        checkpoint save follows a weight push, and the colocated rank brings its whole state back
+        for it: with the engine still resident, Qwen-Image full's save needs 74.7 GiB of a 72 GiB
+        budget (python3 -m miles.replay, docs/memory-plan.md)."""
+        if self.offloaded_weights is not None:
+            self.offloaded_weights.weights.offload(self.offloaded_weights.tensors())
 
     def sampling_params(self) -> dict:
         return asdict(self.params)

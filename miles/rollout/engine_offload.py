@@ -1,8 +1,8 @@
 """`--offload-rollout`: an engine's pipeline weights live in host memory while it does not sample.
 
-After each `generate` the engine's weights go off the accelerator (miles.models.offload moves the
-bytes), so a colocated train rank can train with the memory; they come back when the engine next
-needs them: a weight load, a LoRA injection or a generate.
+After each `generate` and each weight update the engine's weights go off the accelerator
+(miles.models.offload moves the bytes), so a colocated train rank can train and save with the
+memory; they come back when the engine next needs them: a weight load, a LoRA injection or a generate.
 """
 
 from __future__ import annotations

@@ -128,6 +128,7 @@ class RoleEstimate:
     optimizer_state: float = 0.0
     activations: float = 0.0
     synced: float = 0.0  # train rank: what a weight update reads (trained tensors or LoRA adapters)
+    trajectories: float = 0.0  # engine: the microgroup's trajectories (the code keeps them on the host)
 
     @property
     def total(self) -> float:
@@ -389,15 +390,18 @@ def _sharded_train_rank(ns: Namespace, plan, facts: ModelFacts, geo: Geometry) -
     return role, _train_knobs(ns, plan, trained, copy=False)
 
 
-def _activations(ns: Namespace, plan, facts: ModelFacts, geo: Geometry, trained: list[str], c: int
-                 ) -> tuple[tuple[str, float], float]:
-    """The activations of the largest trained transformer: (term, bytes)."""
+def _activations(ns: Namespace, plan, facts: ModelFacts, geo: Geometry, trained: list[str], c: int,
+                 graph_only: bool = False) -> tuple[tuple[str, float], float]:
+    """The activations of the largest trained transformer: (term, bytes). `graph_only`: only the
+    forwards that keep a graph (the unconditional branch runs without one unless
+    --train-uncond-branch); the steady-state lines count both, as they always have."""
     comps = facts.components
     big = max(trained, key=lambda n: comps[n].hidden * comps[n].blocks)
     hidden, blocks = comps[big].hidden, comps[big].blocks
     image, text = _tokens(ns, geo, _text_tokens(ns))
     tokens = image + text
-    forwards = _pairs_per_forward(ns, plan) * (2 if _guided(ns) else 1)
+    both = _guided(ns) and (not graph_only or getattr(ns, "train_uncond_branch", False))
+    forwards = _pairs_per_forward(ns, plan) * (2 if both else 1)
     per_block = ACT_VALUES_PER_TOKEN * tokens * hidden * c
     if ns.gradient_checkpointing:
         per_forward = blocks * tokens * hidden * c + per_block
@@ -458,7 +462,7 @@ def _engine(ns: Namespace, plan, facts: ModelFacts, geo: Geometry) -> tuple[Role
     if ns.colocate:
         knobs.append("drop --colocate and give engines their own GPUs (--rollout-num-gpus)")
     working = sum(b for _, b in terms) - weights - CUDA_CONTEXT_GIB * GIB
-    return RoleEstimate("engine", terms, models=weights, activations=working), knobs
+    return RoleEstimate("engine", terms, models=weights, activations=working, trajectories=group * per_sample), knobs
 
 
 def _reward(ns: Namespace, workers_per_gpu: int) -> RoleEstimate | None:
@@ -571,3 +575,140 @@ def plan_and_check(ns: Namespace, plan) -> MemoryPlan:
     memory = build_memory_plan(ns, plan)
     memory.check()
     return memory
+
+
+# -- the phases of a run (setup, train, weight push, checkpoint save, rollout) and host memory --------
+
+PHASES = ("setup", "train", "weight push", "checkpoint save", "rollout")  # one rollout's order
+
+
+@dataclass
+class PhasePlan:
+    """Bytes each GPU holds in each phase (allocations; the CUDA context is `processes` x
+    CUDA_CONTEXT_GIB on top), and the most host memory one node's train ranks and engines hold.
+    Checked against the replay of the real code (miles.replay, docs/memory-plan.md)."""
+
+    gpus: dict[str, dict[str, float]]
+    processes: dict[str, int]
+    host_per_node: float
+    host_phases: dict[str, float]
+    budget_gib: float
+    gpu_memory_gb: float
+
+    def with_context(self, gpu: str, phase: str) -> float:
+        return self.gpus[gpu][phase] + self.processes[gpu] * CUDA_CONTEXT_GIB * GIB
+
+
+def phase_plan(ns: Namespace, plan) -> PhasePlan | None:
+    """Each phase of one rollout, in the order the loop runs them (None: no estimate, as for
+    build_memory_plan). Per role (bytes, no CUDA context; the role estimates' fields):
+
+    train rank  M models, O optimizer state, A activations and gradients, S what a weight update reads
+      setup M (each part loaded straight into its final dtype and shard) | train M + O + A |
+      weight push (offloaded: S, else M + O) + one bucket | checkpoint save M + O |
+      rollout (offloaded: nothing, else M + O)
+    engine      W weights, its forward's working set, the microgroup's trajectories (on the host)
+      setup W | train, checkpoint save (offloaded after sampling and after an update: nothing,
+      else W) | weight push W + one bucket | rollout W + working set
+    reward workers: their scorers, every phase.
+    Host per node: its train ranks (offloaded state, the rollout batch shard, a data-parallel
+    checkpoint's host copies on rank 0) and engines (offloaded weights, trajectories)."""
+    memory = build_memory_plan(ns, plan)
+    if not memory.available or not memory.gpus:
+        return None
+    from miles.utils.validation import has_rollout_engines
+
+    facts = model_facts(ns.hf_checkpoint)
+    geo = GEOMETRY[ns.diffusion_model_family]
+    train, _ = _train_rank(ns, plan, facts, geo)
+    c = DTYPE_BYTES[ns.compute_dtype]
+    trained = _trained(ns, facts)
+    train.activations += (_activations(ns, plan, facts, geo, trained, c, graph_only=True)[1]
+                          - _activations(ns, plan, facts, geo, trained, c)[1])
+    engine = _engine(ns, plan, facts, geo)[0] if has_rollout_engines(ns) else None
+    rank_phases = _rank_phases(ns, train, engine)
+    engine_phases = _engine_phases(ns, engine, train) if engine is not None else None
+    gpus: dict[str, dict[str, float]] = {}
+    processes: dict[str, int] = {}
+    for g in memory.gpus:
+        phases = dict.fromkeys(PHASES, 0.0)
+        count = 0
+        for role in g.roles:
+            per_phase = {"train rank": rank_phases, "engine": engine_phases}.get(role.role)
+            ctx = CUDA_CONTEXT_GIB * GIB * role.count_per_gpu
+            for phase in PHASES:
+                phases[phase] += per_phase[phase] if per_phase else role.total - ctx
+            count += role.count_per_gpu
+        gpus[g.name] = phases
+        processes[g.name] = count
+    host = _host_phases(ns, plan, facts, geo, train, engine)
+    return PhasePlan(gpus, processes, max(host.values()), host, memory.budget_gib, memory.gpu_memory_gb)
+
+
+def _bucket(ns: Namespace, synced_bytes: float) -> float:
+    return min(sync_buckets(ns) / 2, synced_bytes) if sync_buckets(ns) else 0.0
+
+
+def _rank_phases(ns: Namespace, train: RoleEstimate, engine: RoleEstimate | None) -> dict[str, float]:
+    offload = getattr(ns, "offload_train", False)
+    m, o, a, synced = train.models, train.optimizer_state, train.activations, train.synced
+    wire = synced * DTYPE_BYTES[ns.rollout_dtype] / max(1, DTYPE_BYTES[ns.compute_dtype])
+    idle = 0.0 if offload else m + o
+    return {"setup": m, "train": m + o + a, "weight push": (synced if offload else m + o) + _bucket(ns, wire),
+            "checkpoint save": m + o, "rollout": idle}
+
+
+def _engine_phases(ns: Namespace, engine: RoleEstimate, train: RoleEstimate) -> dict[str, float]:
+    w = engine.models
+    working = engine.activations - engine.trajectories
+    wire = train.synced * DTYPE_BYTES[ns.rollout_dtype] / max(1, DTYPE_BYTES[ns.compute_dtype])
+    offloaded = getattr(ns, "offload_rollout", False)  # off the GPU after sampling and after each update
+    return {"setup": w, "train": 0.0 if offloaded else w, "weight push": w + _bucket(ns, wire),
+            "checkpoint save": 0.0 if offloaded else w, "rollout": w + working}
+
+
+def _per_sample_bytes(ns: Namespace, plan, facts: ModelFacts, geo: Geometry) -> float:
+    """One trajectory as the rollout ships it: latents of every step and the stored model outputs
+    (debug mode) in fp32, the conditioning in the rollout dtype, the decoded sample in fp32."""
+    image, text = _tokens(ns, geo, _text_tokens(ns))
+    latent = image * geo.latent_channels * math.prod(geo.patch)
+    steps = ns.diffusion_num_steps
+    stored = (steps + 1 + (steps if ns.diffusion_debug_mode else 0)) * latent * 4
+    frames = ns.diffusion_output_num_frames
+    pixels = 3 * ns.diffusion_height * ns.diffusion_width * max(1, frames) * 4
+    return stored + pixels
+
+
+def engines_per_node(ns: Namespace) -> int:
+    """Engines on the first node: one per train GPU when colocated, else the rollout GPUs there."""
+    from miles.utils.validation import rollout_gpus
+
+    ranks = ns.actor_num_gpus_per_node
+    return ranks if ns.colocate else max(0, min(ns.num_gpus_per_node - ranks, rollout_gpus(ns)))
+
+
+def _host_phases(ns: Namespace, plan, facts: ModelFacts, geo: Geometry, train: RoleEstimate,
+                 engine: RoleEstimate | None) -> dict[str, float]:
+    """One node's host memory per phase: its train ranks and engines (see phase_plan)."""
+    ranks = ns.actor_num_gpus_per_node
+    engines = 0 if engine is None else engines_per_node(ns)
+    offload_train, offload_rollout = getattr(ns, "offload_train", False), getattr(ns, "offload_rollout", False)
+    m, o, synced = train.models, train.optimizer_state, train.synced
+    offloaded = m + o if offload_train else 0.0
+    w = engine.models if engine is not None else 0.0
+    shard = 0.0
+    if ns.loss_type != "sft_loss":
+        samples = plan.samples_per_rollout // max(1, plan.dp_size)
+        shard = samples * _per_sample_bytes(ns, plan, facts, geo)
+    save = 0.0
+    if getattr(ns, "train_backend", "dp") != "fsdp":  # rank 0's safetensors: host copies, then their bytes
+        save = 2 * (synced * DTYPE_BYTES[ns.param_dtype] / max(1, DTYPE_BYTES[ns.compute_dtype]))
+    engine_host = {"setup": 0.0, "train": w if offload_rollout else 0.0, "weight push": 0.0,
+                   "checkpoint save": w if offload_rollout else 0.0,
+                   "rollout": (w if offload_rollout else 0.0) + (engine.trajectories if engine is not None else 0.0)}
+    rank_host = {"setup": m if offload_train else 0.0, "train": shard,
+                 "weight push": offloaded - (synced if offload_train else 0.0), "checkpoint save": 0.0,
+                 "rollout": offloaded}
+    out = {phase: ranks * rank_host[phase] + engines * engine_host[phase] for phase in PHASES}
+    out["checkpoint save"] += save
+    return out

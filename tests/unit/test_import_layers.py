@@ -80,6 +80,7 @@ def test_the_layer_order_is_read_from_the_architecture_doc():
         [{"ray"}, {"backends", "rollout"}, {"models"}, {"utils"}],
         [{"testing"}, {"utils.external_utils"}, {"utils"}],
         [{"export"}, {"backends"}, {"models"}, {"utils"}],
+        [{"replay"}, {"testing"}, {"backends", "rollout"}, {"models"}, {"utils"}],
     ]
 
 

@@ -1,0 +1,285 @@
+"""Live bytes of every tensor the replayed code makes, by place (a GPU or the host) and role.
+
+The replay runs the project's code on the meta device: every tensor has a shape and a dtype and
+no storage, so a phase at the released sizes costs no memory and no arithmetic. `LiveMemory` is
+a `TorchDispatchMode`: at every op it sees each new storage, charges its bytes to the place and
+role the replay says is running (`at(...)`), and uncharges them when the storage is freed (a
+weakref finalizer). What torch's own tools lack is only the place: a meta tensor does not know
+whether the real run would have it on a GPU or in host memory. So:
+
+- the code's device (`torch.device("meta")` where the run has "cuda") is the role's GPU;
+- a copy to the CPU (`.cpu()`, `.to("cpu")`, a factory op asking for the CPU) is made on meta
+  too and charged to the host, except inside FSDP2, whose own buffers follow its mesh's device
+  type (the replay's mesh is a CPU mesh over a fake process group): they are the GPU's;
+- what the real run itself builds on meta (a sharded trainer's empty transformer, before each
+  rank fills its rows) is charged nowhere (`UNPLACED`), and so is what is made from it alone;
+- an op's other outputs are where its inputs are (on the GPU if any input is).
+
+A host tensor moved to the device (`x.to(device)`, a module's `.to(device)`) is no copy on meta (it
+is already there): `moved_to_device` (miles.replay.seams) makes it one, on the role's GPU.
+
+Scalars read from a meta tensor (`float(loss)`) are 0: no value is ever computed.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import sys
+import weakref
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+from torch.distributed.tensor import DTensor as _DTensor
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_map
+
+HOST = "host"
+UNPLACED = "meta in the real run"  # what the real run itself builds on meta: no bytes anywhere
+_FSDP_FILES = ("/torch/distributed/fsdp/", "/torch/distributed/_composable/")
+_SNAPSHOT_STEP = 1.05  # a new top-tensors snapshot when a role's peak grows by 5 %
+_TOP = 6
+
+
+@dataclass
+class Allocation:
+    nbytes: int
+    place: str
+    role: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    op: str
+    name: str = ""  # set when the replay names the live storages (parameters, optimizer state)
+
+
+@dataclass
+class PhaseRecord:
+    """One phase: per (place, role) the bytes at its start and the most held during it."""
+
+    name: str
+    start: dict[tuple[str, str], int] = field(default_factory=dict)
+    peak: dict[tuple[str, str], int] = field(default_factory=dict)
+    top: dict[tuple[str, str], list[tuple[int, Allocation, int]]] = field(default_factory=dict)
+
+    def roles(self, place: str) -> list[str]:
+        return sorted({r for p, r in {**self.start, **self.peak} if p == place})
+
+    def place_peak(self, place: str) -> int:
+        """The processes of one place run at once: each role's own rise above its start adds up."""
+        keys = [(place, r) for r in self.roles(place)]
+        base = sum(self.start.get(k, 0) for k in keys)
+        return base + sum(max(0, self.peak.get(k, 0) - self.start.get(k, 0)) for k in keys)
+
+    def role_share(self, place: str, role: str) -> int:
+        k = (place, role)
+        return self.start.get(k, 0) + max(0, self.peak.get(k, 0) - self.start.get(k, 0))
+
+
+class LiveMemory:
+    def __init__(self):
+        self.live: dict[int, Allocation] = {}
+        self.by_role: dict[tuple[str, str], dict[int, Allocation]] = {}
+        self.totals: dict[tuple[str, str], int] = {}
+        self.place, self.role = HOST, "driver"
+        self.forced: str | None = None  # a place every new storage goes to (a host tensor moved to the device)
+        self.phase: PhaseRecord | None = None
+        self.phases: list[PhaseRecord] = []
+        self._snapshot_at: dict[tuple[str, str], int] = {}
+        self.mode = _Mode(self)
+
+    # -- what runs where ----------------------------------------------------------------------
+
+    @contextmanager
+    def at(self, place: str, role: str):
+        saved = self.place, self.role
+        self.place, self.role = place, role
+        try:
+            yield
+        finally:
+            self.place, self.role = saved
+
+    @contextmanager
+    def measuring(self, name: str):
+        record = PhaseRecord(name, start=dict(self.totals), peak=dict(self.totals))
+        self.phase, self._snapshot_at = record, {}
+        try:
+            yield record
+        finally:
+            self.phases.append(record)
+            self.phase = None
+
+    def held(self, place: str, role: str | None = None) -> int:
+        return sum(v for (p, r), v in self.totals.items() if p == place and (role is None or r == role))
+
+    # -- accounting -----------------------------------------------------------------------------
+
+    def charge(self, tensor: torch.Tensor, place: str, op: str) -> None:
+        try:
+            storage = tensor.untyped_storage()
+        except (RuntimeError, NotImplementedError):  # a wrapper subclass: its inner tensors are counted
+            return
+        key = storage._cdata
+        if key in self.live or storage.nbytes() == 0:
+            return
+        alloc = Allocation(storage.nbytes(), place, self.role, tuple(tensor.shape), tensor.dtype, op)
+        self.live[key] = alloc
+        self.by_role.setdefault((place, self.role), {})[key] = alloc
+        self._add((place, self.role), alloc.nbytes)
+        weakref.finalize(storage, self._free, key)
+
+    def resized(self, tensor: torch.Tensor) -> None:
+        """A storage resized in place (offload frees one by resizing it to 0 and back)."""
+        storage = tensor.untyped_storage()
+        key = storage._cdata
+        alloc = self.live.get(key)
+        if alloc is None:
+            self.charge(tensor, self.place, "resize_")
+            return
+        delta = storage.nbytes() - alloc.nbytes
+        alloc.nbytes = storage.nbytes()
+        self._add((alloc.place, alloc.role), delta)
+
+    def _add(self, key: tuple[str, str], nbytes: int) -> None:
+        self.totals[key] = self.totals.get(key, 0) + nbytes
+        phase = self.phase
+        if phase is not None and self.totals[key] > phase.peak.get(key, 0):
+            phase.peak[key] = self.totals[key]
+            if self.totals[key] >= self._snapshot_at.get(key, 0) * _SNAPSHOT_STEP:
+                self._snapshot_at[key] = self.totals[key]
+                phase.top[key] = self.largest(key)
+
+    def _free(self, key: int) -> None:
+        alloc = self.live.pop(key, None)
+        if alloc is not None:
+            self.by_role[(alloc.place, alloc.role)].pop(key, None)
+            self._add((alloc.place, alloc.role), -alloc.nbytes)
+
+    def largest(self, key: tuple[str, str], n: int = _TOP) -> list[tuple[int, Allocation, int]]:
+        """(storage key, allocation, its bytes now) of the role's largest live storages."""
+        return heapq.nlargest(n, ((k, a, a.nbytes) for k, a in self.by_role.get(key, {}).items()),
+                              key=lambda item: item[2])
+
+    def place_of(self, tensor: torch.Tensor) -> str | None:
+        alloc = self.live.get(_key(tensor))
+        return None if alloc is None else alloc.place
+
+    @contextmanager
+    def forcing(self, place: str):
+        saved, self.forced = self.forced, place
+        try:
+            yield
+        finally:
+            self.forced = saved
+
+    # -- names ----------------------------------------------------------------------------------
+
+    def name_storages(self, named: dict[str, torch.Tensor]) -> None:
+        """Name the live storage of each tensor (parameters, gradients, optimizer state)."""
+        for name, tensor in named.items():
+            local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
+            try:
+                alloc = self.live.get(local.untyped_storage()._cdata)
+            except (RuntimeError, NotImplementedError):
+                continue
+            if alloc is not None and not alloc.name:
+                alloc.name = name
+
+    def describe(self, alloc: Allocation, nbytes: int) -> str:
+        name = alloc.name or f"(made by {alloc.op})"
+        dtype = str(alloc.dtype).removeprefix("torch.")
+        return f"{name} {list(alloc.shape)} {dtype} {nbytes / 2**30:.2f} GiB"
+
+
+_FACTORY_TO_CPU = {torch.ops.aten._to_copy.default, torch.ops.aten.empty.memory_format,
+                   torch.ops.aten.empty_strided.default}
+
+
+def _wants_cpu(kwargs: dict) -> bool:
+    device = kwargs.get("device")
+    return device is not None and torch.device(device).type == "cpu"
+
+
+def _empty_request(func, args) -> bool:
+    """A factory op for no elements (the start of a view of an existing host storage): left real."""
+    return func is torch.ops.aten.empty.memory_format and math.prod(args[0]) == 0
+
+
+def _inside_fsdp() -> bool:
+    frame = sys._getframe(2)
+    for _ in range(12):
+        if frame is None:
+            return False
+        if any(part in frame.f_code.co_filename for part in _FSDP_FILES):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _to_meta(x):
+    if isinstance(x, torch.Tensor) and x.device.type == "cpu" and x.dim() > 0:
+        return x.to("meta")
+    return x
+
+
+class _Mode(TorchDispatchMode):
+    def __init__(self, memory: LiveMemory):
+        super().__init__()
+        self.memory = memory
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        memory = self.memory
+        if any(issubclass(t, _DTensor) for t in types):
+            return NotImplemented  # DTensor unwraps first; its local tensors come back here
+        if any(t is not torch.Tensor and t is not torch.nn.Parameter for t in types):
+            return func(*args, **(kwargs or {}))  # e.g. DTensor's sharding propagation on fake tensors: no bytes
+        kwargs = dict(kwargs or {})
+        if func is torch.ops.aten._local_scalar_dense.default and args[0].device.type == "meta":
+            return False if args[0].dtype == torch.bool else 0 if not args[0].is_floating_point() else 0.0
+        inputs = _tensors(args, kwargs)
+        if _wants_cpu(kwargs) and not _empty_request(func, args):
+            kwargs["device"] = torch.device("meta")
+            place = memory.place if memory.place == UNPLACED or _inside_fsdp() else HOST
+        else:
+            metas = [t for t in inputs if t.device.type == "meta"]
+            if metas and any(t.device.type == "cpu" and t.dim() > 0 for t in inputs):
+                args, kwargs = tree_map(_to_meta, (args, kwargs))
+            place = self._place_of(metas, kwargs)
+        out = func(*args, **kwargs)
+        for t in _flat(out if isinstance(out, (list, tuple)) else (out,)):
+            if isinstance(t, torch.Tensor):
+                memory.charge(t, place if t.device.type == "meta" else HOST, func.__name__)
+        return out
+
+    def _place_of(self, metas, kwargs) -> str:
+        """The current role's place for what it asks onto its device; else where the inputs are."""
+        memory = self.memory
+        if memory.forced is not None:
+            return memory.forced
+        if memory.place == UNPLACED or kwargs.get("device") is not None:
+            return memory.place
+        places = {memory.live[k].place for k in map(_key, metas) if k in memory.live}
+        if not places or places - {HOST, UNPLACED}:
+            return memory.place
+        return HOST if HOST in places else UNPLACED
+
+
+def _flat(values):
+    """The items of an op's arguments or outputs, one level of lists and tuples opened (no pytree:
+    this runs at every op)."""
+    for v in values:
+        if isinstance(v, (list, tuple)):
+            yield from v
+        else:
+            yield v
+
+
+def _tensors(args, kwargs) -> list[torch.Tensor]:
+    return [t for t in _flat((*args, *kwargs.values())) if isinstance(t, torch.Tensor)]
+
+
+def _key(t: torch.Tensor) -> int | None:
+    try:
+        return t.untyped_storage()._cdata
+    except (RuntimeError, NotImplementedError):
+        return None

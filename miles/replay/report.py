@@ -1,0 +1,142 @@
+"""A replay beside the memory plan: per phase and GPU, measured peak | plan estimate | budget.
+
+A phase fails when its measured peak (plus each process's CUDA context, as the plan charges it)
+is over the budget, or when the measured allocations and the plan's differ by more than
+TOLERANCE of the larger. A failure names the phase, the GPU, the roles and the largest tensors
+alive at the peak. Host memory per node has no flag of its own: HOST_MEMORY_GB is the node
+the recipes are written for (an 8-GPU H100/H200 node), less the same headroom as a GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from miles.replay.run import PHASES, ReplayResult, ReplayUnavailable, replay
+
+GIB = 1024 ** 3
+TOLERANCE = 0.15
+# what the plan leaves out, whatever the model's size: the micro-batch's inputs, metric and RNG
+# tensors, a scalar per parameter (AdamW's step), one weight's rows in flight; under 1 GiB on every
+# case replayed (docs/memory-plan.md), so small host figures are not held to 15 % of themselves
+SLACK = 1.0 * 1024 ** 3
+HOST_MEMORY_GB = 1024.0
+
+
+class ReplayFailure(AssertionError):
+    """A phase over its budget or more than TOLERANCE from the plan (the message names them)."""
+
+
+class ReplayInputError(ValueError):
+    """A recipe or scale the replay cannot take (one line, names the argument)."""
+
+
+@dataclass
+class Row:
+    phase: str
+    place: str
+    measured: float  # bytes, CUDA context included
+    estimate: float
+    budget: float
+    roles: dict[str, float] = field(default_factory=dict)
+    top: list[str] = field(default_factory=list)
+    compare: bool = True  # False: the plan has no estimate to hold it to
+
+    @property
+    def fits(self) -> bool:
+        return self.measured <= self.budget
+
+    @property
+    def agrees(self) -> bool:
+        if not self.compare:
+            return True
+        return abs(self.measured - self.estimate) <= max(TOLERANCE * max(self.measured, self.estimate), SLACK)
+
+    @property
+    def problem(self) -> str | None:
+        what = []
+        if not self.fits:
+            what.append(f"over its budget of {self.budget / GIB:.1f} GiB")
+        if not self.agrees:
+            what.append(f"{self.measured / max(self.estimate, 1):.2f} x the plan's estimate "
+                        f"{self.estimate / GIB:.1f} GiB (more than {TOLERANCE:.0%} and 1 GiB apart)")
+        if not what:
+            return None
+        roles = ", ".join(f"{r} {b / GIB:.1f} GiB" for r, b in self.roles.items())
+        top = "; ".join(self.top[:4]) or "none recorded"
+        return (f"phase {self.phase!r} on the {self.place}: measured {self.measured / GIB:.1f} GiB ({roles}), "
+                f"{' and '.join(what)}; largest tensors alive: {top}")
+
+
+@dataclass
+class Report:
+    recipe: str
+    scale: str
+    rows: list[Row]
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(r.problem is None for r in self.rows)
+
+    def problems(self) -> list[str]:
+        return [r.problem for r in self.rows if r.problem is not None]
+
+    def check(self) -> None:
+        if not self.ok:
+            raise ReplayFailure("\n".join(self.lines()))
+
+    def lines(self) -> list[str]:
+        out = [f"replay of {self.recipe} --scale {self.scale} (GiB; measured | memory plan | budget)"]
+        for r in self.rows:
+            verdict = "ok" if r.problem is None else "FAILS"
+            out.append(f"  {r.phase:16s} {r.place:12s} {r.measured / GIB:8.1f} | {r.estimate / GIB:8.1f} | "
+                       f"{r.budget / GIB:7.1f}  {verdict}")
+        out += [f"  note: {n}" for n in self.notes]
+        out += [f"  {p}" for p in self.problems()]
+        return out
+
+    def table_rows(self) -> list[str]:
+        """docs/memory-plan.md's rows: | recipe | scale | GPU | phase | measured | plan | budget | verdict |."""
+        name = Path(self.recipe).stem
+        if not self.rows:
+            return [f"| `{name}` | {self.scale} | - | - | - | - | - | {'; '.join(self.notes)} |"]
+        return [f"| `{name}` | {self.scale} | {r.place} | {r.phase} | {r.measured / GIB:.1f} | "
+                f"{r.estimate / GIB:.1f} | {r.budget / GIB:.0f} | {'ok' if r.problem is None else 'FAILS'} |"
+                for r in self.rows]
+
+
+def compare(result: ReplayResult, ns, plan, recipe: str, scale: str) -> Report:
+    from miles.utils.memory_plan import CUDA_CONTEXT_GIB, HEADROOM_FRACTION, phase_plan
+
+    estimate = phase_plan(ns, plan)
+    if estimate is None:
+        raise ReplayUnavailable(f"{recipe} --scale {scale}: the memory plan has no estimate for it")
+    rows = []
+    for phase in PHASES:
+        for m in (m for m in result.measures if m.phase == phase):
+            processes = sum(result.processes[m.place].values())
+            ctx = processes * CUDA_CONTEXT_GIB * GIB
+            rows.append(Row(phase, m.place, m.peak + ctx, estimate.with_context(m.place, phase),
+                            estimate.budget_gib * GIB, {r: b for r, b in m.roles.items()}, m.top))
+    host_budget = HOST_MEMORY_GB * (1 - HEADROOM_FRACTION) * GIB
+    rows.append(Row("host", "node", result.host_per_node, estimate.host_per_node, host_budget))
+    notes = [f"{phase}: not replayed ({why})" for phase, why in result.skipped.items()]
+    return Report(recipe, scale, rows, notes)
+
+
+def replay_recipe(recipe: str | Path, scale: str, extrapolate: bool = False) -> Report:
+    from miles.replay.recipe import recipe_flags, recipe_scales
+
+    path = Path(recipe)
+    if not path.is_file():
+        raise ReplayInputError(f"recipe {recipe}: no such file; pass a scripts/run_*.py path")
+    scales = recipe_scales(path)
+    if scale not in scales:
+        raise ReplayInputError(f"--scale {scale}: {path.name} has the GPU scales {scales}; pick one of them")
+    ns, plan = recipe_flags(path, scale)
+    try:
+        result = replay(ns, plan, extrapolate=extrapolate)
+        return compare(result, ns, plan, str(recipe), scale)
+    except ReplayUnavailable as error:
+        return Report(str(recipe), scale, [], [f"not replayed: {error}"])

@@ -1,0 +1,485 @@
+"""One replay: a recipe's validated flags run through the project's own train-rank and engine
+code on meta tensors, phase by phase, with live bytes counted per place and role.
+
+Phases (each the real code; the seams are miles.replay.seams):
+  setup            `TrainRank.setup` (its real --train-backend, sharding and offload), the engine's
+                   `RolloutEngine(...)` load in --rollout-dtype, reward workers' scorer build
+  rollout          one denoising step of the engine (`DiffusionModel.velocity`, guided as the
+                   recipe guides) and the VAE decode of one sample, with the trajectories of the
+                   engine's microgroup held on the host
+  train            `TrainRank.train` over a batch whose plan deals each rank exactly one
+                   micro-batch: one forward + backward and one optimizer step (SFT: not replayed,
+                   its step reads media files)
+  weight push      the bucketed sync: rank 0's `send_buckets` of its synced tensors and an engine's
+                   `receive_buckets` into its own weights (each side resident as offload leaves it)
+  checkpoint save  `TrainRank.save`
+One rank (rank 0) and one engine are replayed; every rank of a recipe holds the same shapes.
+
+Depth. A transformer's blocks are identical, and every byte a rank or an engine holds is a sum
+over blocks plus a part outside them, so each phase's peak is affine in the block count B:
+peak(B) = a + b B, once B is 3 or more (FSDP2 gathers the next block while one runs, which moves
+the moment of the peak below that; `_DEPTHS`). `blocks=None` replays the released depth;
+`extrapolate=True` replays B = 3 and B = 4 and returns a + b B_real (the CPU tier: seconds
+instead of minutes). SD3.5 has two
+kinds of blocks (13 of its 24 carry a second attention), so it replays at its own depth.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+import tempfile
+from argparse import Namespace
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from miles.replay.checkpoint import block_count, component_specs, write_config_checkpoint
+from miles.replay.memory import HOST, LiveMemory, PhaseRecord
+from miles.replay.seams import fake_process_group, replay_seams, staging_dir
+
+TRAIN_GPU, ROLLOUT_GPU, REWARD_GPU = "train GPU", "rollout GPU", "reward GPU"
+PHASES = ("setup", "train", "weight push", "checkpoint save", "rollout")  # a rollout's order, steady state
+RANK, ENGINE, REWARD = "train rank", "engine", "reward worker"
+_SAME_BLOCKS = ("sd3",)  # families whose blocks differ: replayed at their own depth
+# FSDP2 gathers the next block while one runs, in forward and in backward, so the moment of the
+# peak settles only from three blocks on: Qwen-Image's train-step peak rises 0.70 GiB from 2 to 3
+# blocks, then 0.469 GiB a block from 3 to 4 and from 4 to 6 (measured here, see docs/memory-plan.md)
+_DEPTHS = (3, 4)
+
+
+class ReplayUnavailable(ValueError):
+    """Nothing to replay: a CPU run, or a checkpoint the committed table does not describe."""
+
+
+@dataclass
+class PhaseMeasure:
+    phase: str
+    place: str
+    peak: int
+    roles: dict[str, int]
+    top: list[str] = field(default_factory=list)
+
+
+@dataclass
+class ReplayResult:
+    key: str
+    blocks: int | None
+    measures: list[PhaseMeasure]
+    processes: dict[str, dict[str, int]]  # place -> role -> processes of that role on it
+    host_per_node: int
+    collectives: list[tuple[str, str, str]] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)  # phase -> why it was not replayed
+
+    def measure(self, phase: str, place: str) -> PhaseMeasure | None:
+        return next((m for m in self.measures if m.phase == phase and m.place == place), None)
+
+
+def table_key(ns: Namespace) -> str:
+    from miles.utils.memory_plan import _hub_repo_name, _table_key
+
+    key = _table_key(ns.hf_checkpoint) if ns.hf_checkpoint else None
+    if key is None:
+        name = _hub_repo_name(ns.hf_checkpoint or "") or Path(ns.hf_checkpoint or "-").name
+        raise ReplayUnavailable(f"{name}: not in the committed size table (miles/utils/model_table.py), "
+                                f"so there is no config to build it from")
+    return key
+
+
+def replay(ns: Namespace, plan, blocks: int | None = None, extrapolate: bool = False) -> ReplayResult:
+    if ns.device != "cuda":
+        raise ReplayUnavailable("--device cpu: no GPU to replay")
+    key = table_key(ns)
+    family, specs = component_specs(key)
+    real = max(block_count(s["config"]) or 0 for n, s in specs.items() if n.startswith("transformer"))
+    if not extrapolate or family in _SAME_BLOCKS:
+        return _replay_once(ns, plan, key, blocks)
+    low, high = _DEPTHS
+    return _extrapolated(_replay_once(ns, plan, key, low), _replay_once(ns, plan, key, high), real)
+
+
+def _extrapolated(one: ReplayResult, two: ReplayResult, blocks: int) -> ReplayResult:
+    low = _DEPTHS[0]
+    line = lambda a, b: a + (b - a) * (blocks - low)  # noqa: E731
+    measures = []
+    for m2 in two.measures:
+        m1 = one.measure(m2.phase, m2.place)
+        roles = {r: line(m1.roles.get(r, 0), v) for r, v in m2.roles.items()}
+        measures.append(PhaseMeasure(m2.phase, m2.place, line(m1.peak, m2.peak), roles, m2.top))
+    return dataclasses.replace(two, blocks=None, measures=measures,
+                               host_per_node=line(one.host_per_node, two.host_per_node))
+
+
+def _replay_once(ns: Namespace, plan, key: str, blocks: int | None) -> ReplayResult:
+    from miles.utils.validation import has_rollout_engines, train_gpus
+
+    world = train_gpus(ns)
+    threads, rng = torch.get_num_threads(), torch.get_rng_state()
+    memory = LiveMemory()
+    with tempfile.TemporaryDirectory(prefix="miles-replay-") as tmp, ExitStack() as stack:
+        root = Path(tmp)
+        path = write_config_checkpoint(key, root / "model", blocks)
+        args = copy.copy(ns)
+        args.hf_checkpoint, args.save = str(path), str(root / "save")
+        stack.enter_context(fake_process_group(world))
+        stack.enter_context(replay_seams(memory))
+        # what the code makes without naming a device is made where a GPU process makes it and moves it
+        # (a module's layers, PEFT's adapters: built on the CPU, then moved to the device, a move that
+        # meta cannot tell apart from no move): on the device; a tensor asked for on the CPU is host memory
+        stack.enter_context(torch.device("meta"))
+        stack.enter_context(memory.mode)
+        try:
+            result = _phases(memory, args, plan, world, has_rollout_engines(ns), root, key, blocks)
+        finally:
+            torch.set_num_threads(threads)
+            torch.set_rng_state(rng)
+    return result
+
+
+def _places(args) -> dict[str, str]:
+    engine = TRAIN_GPU if args.colocate else ROLLOUT_GPU
+    reward = TRAIN_GPU if args.colocate_reward else REWARD_GPU
+    return {RANK: TRAIN_GPU, ENGINE: engine, REWARD: reward}
+
+
+def _phases(memory: LiveMemory, args, plan, world: int, engines: bool, root: Path, key: str,
+            blocks: int | None) -> ReplayResult:
+    from miles.backends.actor import TrainRank
+
+    places = _places(args)
+    skipped: dict[str, str] = {}
+    rank = engine = None
+    with memory.measuring("setup"):
+        with memory.at(TRAIN_GPU, RANK):
+            rank = TrainRank(args, _one_micro_batch_plan(plan), 0, world)
+            rank.device = torch.device("meta")
+            rank.setup()
+        if engines:
+            with memory.at(places[ENGINE], ENGINE):
+                engine = _engine(args)
+                spec = rank.lora_spec()
+                if spec is not None:  # as the rollout manager does once the ranks are up
+                    engine.apply_lora({"rank": spec.rank, "alpha": spec.alpha,
+                                       "target_modules": list(spec.target_modules), "components": rank.components})
+        rewards = _reward_workers(memory, args, places[REWARD])
+    if engine is not None:  # the loop samples first: the engine then stands as it does after every rollout
+        from miles.rollout.engine_offload import resident_while_sampling
+
+        with memory.at(places[ENGINE], ENGINE), resident_while_sampling(engine.offloaded_weights):
+            pass
+    _name(memory, rank, engine)
+    if args.loss_type == "sft_loss":
+        skipped["train"] = "SFT's step reads media files and encodes prompts (not replayed)"
+    else:
+        with memory.at(HOST, RANK):
+            batches, held = _batches(args, rank, plan)
+        with memory.measuring("train"):
+            with memory.at(TRAIN_GPU, RANK):
+                for batch in batches:  # one step on each trained expert: each one's AdamW state exists after
+                    rank.train(batch)
+        del batches, batch, held
+    _name(memory, rank, engine)
+    if engine is not None:
+        with memory.measuring("weight push"):
+            _weight_push(memory, args, rank, engine, places)
+    else:
+        skipped["weight push"] = "no engines"
+    with memory.measuring("checkpoint save"):
+        with memory.at(TRAIN_GPU, RANK):
+            rank.save(str(staging_dir(root)))
+    if engine is not None:
+        with memory.measuring("rollout"):
+            with memory.at(places[ENGINE], ENGINE):
+                _rollout_step(memory, args, engine)
+    else:
+        skipped["rollout"] = "no engines (SFT trains on a dataset)"
+    processes = _processes(args, places, engines, rewards)
+    measures = _measures(memory, processes)
+    host = _host_per_node(memory, args, engines)
+    calls = list(rank.comm.calls)
+    return ReplayResult(key, blocks, measures, processes, host, calls, skipped)
+
+
+def _one_micro_batch_plan(plan):
+    """The plan with each rank dealt exactly one micro-batch and one optimizer step."""
+    spec = plan.micro_batching
+    steps = spec.tile_steps if spec.is_2d else 1
+    per_rank = plan.pairs_per_forward
+    samples = plan.dp_size * per_rank // steps
+    return dataclasses.replace(plan, num_trained_steps=steps, samples_per_rollout=samples, num_steps_per_rollout=1,
+                               train_pairs=samples * steps, pairs_per_rank=per_rank, pairs_per_step_per_rank=per_rank,
+                               forwards_per_step=1)
+
+
+def _engine(args):
+    from miles.rollout.engine import RolloutEngine
+    from miles.rollout.types import SamplingParams
+
+    return RolloutEngine(args.hf_checkpoint, SamplingParams.from_args(args), family=args.diffusion_model_family,
+                         device="meta", dtype=args.rollout_dtype or "float32",
+                         offload=getattr(args, "offload_rollout", False))
+
+
+def _reward_workers(memory: LiveMemory, args, place: str) -> int:
+    """The scorer each reward worker holds, built on meta from the committed table (PickScore)."""
+    from miles.utils.memory_plan import _table_key
+    from miles.utils.model_table import RELEASED
+
+    if args.loss_type == "sft_loss" or args.rm_type != "pickscore" or not args.pickscore_model_path:
+        return 0
+    key = _table_key(args.pickscore_model_path)
+    if key is None or key not in RELEASED:
+        return 0
+    spec = RELEASED[key]["components"]["model"]
+    from miles.utils.dotted_path import load_callable
+
+    cls = load_callable(f"{spec['library']}:{spec['class']}", "scorer class")
+    config = load_callable(f"transformers:{spec['config_class']}", "scorer config")(**spec["config"])
+    with memory.at(place, REWARD), torch.device("meta"):
+        memory.scorer = cls(config).eval()  # the worker's fp32 CLIP (miles.rollout.rm_hub.pickscore)
+    return 1
+
+
+def conditioning_shapes(family: str, transformer, length: int | None) -> dict[str, tuple[tuple[int, ...], bool]]:
+    """{key: (shape, floating)} of one prompt's conditioning, as the family's `encode` returns it."""
+    cfg = transformer.config
+    if family == "qwen_image":
+        n = length or 512
+        return {"encoder_hidden_states": ((1, n, cfg.joint_attention_dim), True),
+                "encoder_hidden_states_mask": ((1, n), False)}
+    if family == "sd3":
+        return {"encoder_hidden_states": ((1, 77 + (length or 256), cfg.joint_attention_dim), True),
+                "pooled_projections": ((1, cfg.pooled_projection_dim), True)}
+    if family == "wan2_2":
+        return {"encoder_hidden_states": ((1, length or 512, cfg.text_dim), True)}
+    if family == "cosmos3":
+        return {"encoder_hidden_states": ((1, length or 512, cfg.text_embed_dim), True)}
+    if family == "ltx":
+        n = length or 128
+        return {"encoder_hidden_states": ((1, n, cfg.caption_channels), True), "encoder_attention_mask": ((1, n), False)}
+    raise ValueError(f"no conditioning shapes for family {family!r}")
+
+
+def _conditioning(model, args, dtype: torch.dtype):
+    from miles.rollout.types import Conditioning
+
+    transformer = next(iter(model.transformers.values()))
+    shapes = conditioning_shapes(model.family, transformer, getattr(args, "diffusion_max_sequence_length", None))
+    make = lambda: {k: torch.empty(s, dtype=dtype if f else torch.long, device="meta")  # noqa: E731
+                    for k, (s, f) in shapes.items()}
+    return Conditioning(make(), make() if model.spec.guided else None)
+
+
+def _rollout_step(memory: LiveMemory, args, engine) -> None:
+    """One denoising step and one decode, as `sampler._denoise` runs them, plus the microgroup's
+    trajectories (every step's latents, and model outputs in debug mode) on the host."""
+    from miles.rollout import sampler
+    from miles.rollout.engine_offload import resident_while_sampling
+
+    model, params = engine.model, engine.params
+    shape = model.latent_shape(params.height, params.width, params.num_frames)
+    group = params.microgroup_size or args.n_samples_per_prompt
+    steps = params.num_steps
+    with resident_while_sampling(engine.offloaded_weights):
+        with memory.at(HOST, ENGINE):
+            stored = (steps + 1) + (steps if args.diffusion_debug_mode else 0)
+            held = torch.empty((group, stored, *shape), dtype=torch.float32, device="meta")
+            cond = _conditioning(model, args, model.dtype)
+            x = torch.empty((1, *shape), dtype=torch.float32, device="meta")
+        sigmas = sampler.sigmas_for(model, params)
+        expert = model.expert_for_step(sigmas, 0)
+        scale = sampler.guidance_scales(model, params)[expert]
+        with torch.no_grad():
+            v = model.velocity(x, sigmas[0], cond, scale, expert).cpu()
+            images = model.decode(model.pipeline_latents(x, sigmas[-1]))
+        del v, images, cond, x
+    del held  # what generate returns outlives the weights' offload
+
+
+def _batches(args, rank, real_plan):
+    """The batches of the train phase (one per trained expert, see below), and the shard's other
+    trajectories (held once)."""
+    model = rank.fmodel
+    params = _sampling(args)
+    sigmas = model.sigmas(params.num_steps, params.shift, params.height, params.width, params.num_frames)
+    experts = [model.expert_for_step(sigmas, k) for k in range(params.num_steps)]
+    trained = [e for e in dict.fromkeys(experts) if e in rank.components]
+    # every trained expert once (each one's AdamW state exists after its first step), then the first
+    # again: the steady state, every state present while a step runs
+    order = trained + trained[:1] if len(trained) > 1 else trained
+    out = [_batch(args, rank, real_plan, expert, hold=i == 0) for i, expert in enumerate(order)]
+    return [b for b, _ in out], out[0][1]
+
+
+def _sampling(args):
+    from miles.rollout.types import SamplingParams
+
+    return SamplingParams.from_args(args)
+
+
+def _batch(args, rank, real_plan, expert: str, hold: bool):
+    """A rollout batch dealing rank 0 its one micro-batch, and the rest of the shard the real plan
+    deals it (held beside, never read): its trajectories on the host, as the driver ships them
+    (miles.backends.rollout_shard: every other trajectory is None)."""
+    from miles.backends.types import RolloutBatch
+    from miles.rollout.types import Trajectory
+    from miles.rollout.sampler import guidance_scales
+    from miles.rollout.types import SamplingParams
+    from miles.utils.batching import expand_pairs, shard_pairs
+
+    plan = rank.plan
+    model = rank.fmodel
+    params = SamplingParams.from_args(args)
+    steps = params.num_steps
+    sigmas = model.sigmas(steps, params.shift, params.height, params.width, params.num_frames)
+    shape = model.latent_shape(params.height, params.width, params.num_frames)
+    experts = [model.expert_for_step(sigmas, k) for k in range(steps)]
+    scales = guidance_scales(model, params)
+    first = _trained_step(plan, experts, expert)
+    trained = list(range(first, first + plan.num_trained_steps))
+    mine = {p.sample for p in shard_pairs(expand_pairs(plan.samples_per_rollout, trained), plan.dp_size, 0,
+                                          plan.dp_split_mode)}
+    dtype = getattr(torch, args.rollout_dtype or "float32")
+    image = (3, params.height, params.width) if params.num_frames <= 1 else (
+        params.num_frames, 3, params.height, params.width)  # the decoded sample, float32 (sampler._denoise)
+
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    with _disable_current_modes(), torch.device("cpu"):  # real values: the rank reads them (tolist)
+        host_sigmas = torch.tensor(sigmas, dtype=torch.float32)
+
+    def trajectory(i: int) -> Trajectory:
+        meta = lambda *s: torch.empty(s, dtype=torch.float32, device="meta")  # noqa: E731
+        return Trajectory(prompt="", group_index=i // args.n_samples_per_prompt, sample_index=i, seed=i,
+                          latents=meta(steps + 1, *shape), sigmas=host_sigmas.clone(),
+                          log_probs=meta(steps), trained_steps=trained, cond=_conditioning(model, args, dtype),
+                          experts=experts, guidance_scales=[scales[e] for e in experts], sde_type="sde",
+                          noise_level=params.noise_level, image=meta(*image),
+                          model_outputs=meta(steps, *shape) if args.diffusion_debug_mode else None)
+
+    trajectories = [trajectory(i) if i in mine else None for i in range(plan.samples_per_rollout)]
+    n = plan.samples_per_rollout
+    real = len({p.sample for p in shard_pairs(expand_pairs(real_plan.samples_per_rollout, range(
+        real_plan.num_trained_steps)), real_plan.dp_size, 0, real_plan.dp_split_mode)})
+    held = [trajectory(i) for i in range(max(0, real - len(mine)))] if hold else []
+    return RolloutBatch(0, trajectories, [0.0] * n, [1.0 if i % 2 else -1.0 for i in range(n)], trained), held
+
+
+def _trained_step(plan, experts: list[str], expert: str) -> int:
+    """The first step the plan may train whose window of trained steps stays on `expert`."""
+    n = plan.num_trained_steps
+    steps = [s for s in plan.trainable_steps if s + n <= len(experts) and set(experts[s:s + n]) == {expert}]
+    steps = steps or [s for s in range(len(experts) - n + 1) if set(experts[s:s + n]) == {expert}]
+    return steps[0]
+
+
+def _weight_push(memory: LiveMemory, args, rank, engine, places: dict[str, str]) -> None:
+    """The bucketed sync of miles.ray.weight_sync_group: rank 0 packs its synced tensors into
+    buckets, the engine copies each bucket into its weights; both sides resident as offload has them."""
+    from miles.backends.actor import torch_dtype
+    from miles.backends.train_offload import resident
+    from miles.backends.weight_buckets import plan_buckets, send_buckets
+    from miles.utils.validation import DEFAULT_UPDATE_WEIGHT_BUFFER_SIZE
+
+    buffer = getattr(args, "update_weight_buffer_size", None) or DEFAULT_UPDATE_WEIGHT_BUFFER_SIZE
+    with memory.at(TRAIN_GPU, RANK), resident(rank.offload, optimizer=False, synced_only=True):
+        buckets = plan_buckets(rank.synced_tensors(), torch_dtype(args.rollout_dtype), buffer)
+        tensors = {(c, n): t for c, n, t in rank.synced_tensors()}
+        send_buckets(buckets, tensors, lambda t: None, rank.device)
+    with memory.at(places[ENGINE], ENGINE):
+        engine.weight_receiver = _Receiver(buckets, engine.model.parts)
+        engine.receive_weights()
+
+
+class _Receiver:
+    """The engine's end of the bucketed sync (miles.backends.sync_group.WeightReceiver) without its
+    process group: every bucket arrives at once (the fake group moves no bytes)."""
+
+    def __init__(self, plan, parts):
+        self.plan, self.parts = plan, parts
+
+    def receive(self):
+        from miles.backends.weight_buckets import engine_targets, receive_buckets
+
+        return receive_buckets(self.plan, engine_targets(self.parts, self.plan), lambda t: None,
+                               torch.device("meta"))
+
+
+def _name(memory: LiveMemory, rank, engine) -> None:
+    named: dict[str, torch.Tensor] = {}
+    for who, model in (("train rank", getattr(rank, "model", None)), ("train rank compute copy",
+                                                                      getattr(rank, "fmodel", None)),
+                       ("engine", getattr(engine, "model", None))):
+        if model is None:
+            continue
+        for part, module in model.parts.items():
+            if isinstance(module, torch.nn.Module):
+                for n, p in module.named_parameters():
+                    named[f"{who} {part}.{n}"] = p
+                    if p.grad is not None:
+                        named[f"{who} {part}.{n}.grad"] = p.grad
+                for n, b in module.named_buffers():
+                    named[f"{who} {part}.{n}"] = b
+    optimizer = getattr(rank, "optimizer", None)
+    if optimizer is not None:
+        names = {id(p): n for n, p in rank.params.items()}
+        for p, state in optimizer.state.items():
+            for k, v in state.items():
+                if isinstance(v, torch.Tensor):
+                    named[f"train rank AdamW {k} of {names.get(id(p), '?')}"] = v
+    memory.name_storages(named)
+
+
+def _processes(args, places: dict[str, str], engines: bool, rewards: int) -> dict[str, dict[str, int]]:
+    from miles.utils.validation import train_gpus
+
+    out: dict[str, dict[str, int]] = {TRAIN_GPU: {RANK: 1}}
+    if engines:
+        out.setdefault(places[ENGINE], {})[ENGINE] = 1
+    if rewards:
+        if args.colocate_reward:
+            per_gpu = math.ceil(args.rm_num_workers / max(1, train_gpus(args)))
+        else:
+            per_gpu = min(args.rm_num_workers, max(1, int(1 / args.rm_num_gpus_per_worker + 1e-9)))
+        out.setdefault(places[REWARD], {})[REWARD] = per_gpu
+    return out
+
+
+def _measures(memory: LiveMemory, processes: dict[str, dict[str, int]]) -> list[PhaseMeasure]:
+    out = []
+    for record in memory.phases:
+        for place, roles in processes.items():
+            shares = {r: record.role_share(place, r) * n for r, n in roles.items()}
+            top = _top(memory, record, place)
+            out.append(PhaseMeasure(record.name, place, sum(shares.values()), shares, top))
+    return out
+
+
+def _top(memory: LiveMemory, record: PhaseRecord, place: str) -> list[str]:
+    allocs = [item for key, items in record.top.items() if key[0] == place for item in items]
+    seen, lines = set(), []
+    for k, a, nbytes in sorted(allocs, key=lambda item: -item[2]):
+        if k not in seen:
+            seen.add(k)
+            lines.append(f"{a.role}: {memory.describe(a, nbytes)}")
+    return lines[:6]
+
+
+def _host_per_node(memory: LiveMemory, args, engines: bool) -> int:
+    """The most host memory one node's processes hold in any phase: its train ranks and engines."""
+    from miles.utils.memory_plan import engines_per_node
+
+    ranks = args.actor_num_gpus_per_node
+    engine_count = engines_per_node(args) if engines else 0
+    dp_save = getattr(args, "train_backend", "dp") != "fsdp"
+
+    def ranks_host(record: PhaseRecord) -> int:
+        if record.name == "checkpoint save" and dp_save:  # only rank 0 writes a data-parallel checkpoint
+            return record.role_share(HOST, RANK) + (ranks - 1) * record.start.get((HOST, RANK), 0)
+        return ranks * record.role_share(HOST, RANK)
+
+    return max((ranks_host(record) + engine_count * record.role_share(HOST, ENGINE) for record in memory.phases),
+               default=0)

@@ -1,0 +1,48 @@
+"""LiveMemory: what the replay counts, where, and for how long."""
+
+from __future__ import annotations
+
+import torch
+
+from miles.replay.memory import HOST, UNPLACED, LiveMemory
+
+GPU = "train GPU"
+
+
+def test_bytes_are_charged_to_the_running_role_and_freed_with_their_storage():
+    memory = LiveMemory()
+    with memory.mode, memory.at(GPU, "train rank"), memory.measuring("train") as phase:
+        weight = torch.empty(1024, 256, dtype=torch.bfloat16, device="meta")
+        scratch = weight * 2  # made from a device tensor: on the device
+        assert memory.held(GPU, "train rank") == 2 * 1024 * 256 * 2
+        del scratch
+        assert memory.held(GPU, "train rank") == 1024 * 256 * 2
+    assert phase.place_peak(GPU) == 2 * 1024 * 256 * 2
+
+
+def test_a_copy_to_the_cpu_is_host_memory():
+    memory = LiveMemory()
+    with memory.mode, memory.at(GPU, "engine"):
+        device = torch.empty(1000, dtype=torch.float32, device="meta")
+        host = device.cpu()
+        assert host.device.type == "meta"  # no bytes are ever made
+        assert memory.held(HOST, "engine") == 4000 and memory.held(GPU, "engine") == 4000
+        # a host tensor asked onto the device, cast on the way, is a device tensor
+        back = host.to(torch.device("meta"), dtype=torch.bfloat16)
+        assert memory.held(GPU, "engine") == 4000 + 2000
+        del back
+
+
+def test_what_the_real_run_builds_on_meta_is_charged_nowhere():
+    memory = LiveMemory()
+    with memory.mode, memory.at(UNPLACED, "train rank"):
+        empty = torch.empty(4096, 4096, device="meta")
+        view = empty.t().contiguous()
+    assert memory.held(GPU) == memory.held(HOST) == 0
+    assert view.shape == (4096, 4096)
+
+
+def test_a_scalar_read_from_a_meta_tensor_is_zero():
+    memory = LiveMemory()
+    with memory.mode, memory.at(GPU, "train rank"):
+        assert float(torch.empty(3, device="meta").sum()) == 0.0
