@@ -13,7 +13,7 @@ from miles.utils.arguments import parse_command_line
 from miles.utils.batching import BatchPlan
 from miles.utils.memory_plan import build_memory_plan
 from miles.utils import phases
-from miles.utils.numerics import pin_this_process
+from miles.utils.numerics import pin_this_process, unpin_this_process
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -24,7 +24,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exit.code if isinstance(exit.code, int) else (0 if exit.code is None else 1)
     print(plan.table(), flush=True)
     print(build_memory_plan(args, plan).table(), flush=True)  # parse_command_line refused one over budget
-    pin_this_process()  # before train() imports torch: a direct run gets the launcher's numerics too
+    # before train() imports torch: a direct run gets the launcher's numerics too (CPU runs only:
+    # a GPU run's processes get the documented host thread count, miles.utils.numerics)
+    if args.device == "cpu":
+        pin_this_process()
+    else:
+        unpin_this_process()
     try:
         return train(args, plan)
     except Exception as err:  # one line here; the traceback goes to the run dir

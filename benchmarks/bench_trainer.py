@@ -1,18 +1,22 @@
 """Training pairs per second: the Ray trainer against a plain single-process loop.
 
-    python3 benchmarks/bench_trainer.py [--rounds 3] [--workdir DIR]
+    python3 benchmarks/bench_trainer.py [--rounds 5] [--workdir DIR]
 
 Both train the same tiny sd3 model on the same rollout batch with one CPU thread: the plain loop
 is velocity -> SDE log-prob -> Flow-GRPO loss -> backward -> AdamW written out in this file; the
-Ray trainer is one `TrainActor` of `TrainActorGroup`, timed both from the driver (round trip:
-the batch hand-off to the actor counted) and inside the actor (the training step alone). Rounds alternate between the two so a busy machine slows both
-alike; the medians are compared. Ray start-up (cluster, actor, model load) is reported apart.
+Ray trainer is one `TrainActor` of `TrainActorGroup`, handed the batch as train_diffusion.py hands
+it (the object, put and shipped by the group), timed both from the driver (round trip: the
+hand-off and the result counted) and inside the actor (the training step alone). Rounds alternate
+between the two so a busy machine slows both alike; the medians are compared. Ray start-up
+(cluster, actor, model load) is reported apart. `benchmarks/bench_sampling.py` runs the same
+measurement beside its own.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import statistics
 import sys
 import tempfile
@@ -64,8 +68,10 @@ class PlainLoop:
             x_next = torch.stack([t.latents[k + 1] for t, (_, k) in zip(trajs, chunk)])
             sigma = torch.stack([t.sigmas[k] for t, (_, k) in zip(trajs, chunk)])
             sigma_next = torch.stack([t.sigmas[k + 1] for t, (_, k) in zip(trajs, chunk)])
+            # the unconditional branch without gradient, as the trainer runs it (flow_grpo's default)
             v = self.model.velocity(x, sigma, Conditioning.cat([t.cond for t in trajs]),
-                                    trajs[0].guidance_scales[chunk[0][1]], "transformer")
+                                    trajs[0].guidance_scales[chunk[0][1]], "transformer",
+                                    detach_uncond=not self.args.train_uncond_branch)
             step = sde_step(x, v, sigma, sigma_next, trajs[0].noise_level, trajs[0].sde_type, x_next=x_next,
                             sigma_max=largest_sigma_below_one(trajs[0].sigmas.tolist()))
             old = torch.stack([t.log_probs[k] for t, (_, k) in zip(trajs, chunk)])
@@ -79,23 +85,34 @@ class PlainLoop:
         return len(pairs)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=3, help="timed rounds of each, after one warm-up")
-    parser.add_argument("--workdir", default=None, help="where the tiny checkpoint and prompts go (default: a temp dir)")
-    opts = parser.parse_args()
+@dataclasses.dataclass
+class TrainerTimes:
+    """Seconds per training step, round by round (the warm-up round left out)."""
 
+    pairs: int
+    micro_batch_size: int
+    plain: list[float]
+    ray_round_trip: list[float]
+    ray_step: list[float]  # timed inside the actor
+    cluster_start: float
+    actor_start: float
+
+    def ratio(self, times: list[float]) -> float:
+        """Ray rate / plain rate from the medians."""
+        return statistics.median(self.plain) / statistics.median(times)
+
+
+def measure(work: Path, rounds: int) -> TrainerTimes:
+    """`rounds` timed rounds of the plain loop and the Ray trainer, alternating, after a warm-up."""
     import ray
 
-    from miles.models.runtime import CPU_THREADS_PER_ACTOR
+    from miles.models.runtime import CPU_THREADS_PER_ACTOR, configure_torch
     from miles.proxy_assets.checkpoint import ensure_checkpoint
-    from miles.models.runtime import configure_torch
+    from miles.proxy_assets.prompts import ensure_prompt_file
     from miles.ray.placement import PlacementPlan, Slot, create_placement_group
     from miles.ray.train_actor_group import TrainActorGroup
-    from miles.proxy_assets.prompts import ensure_prompt_file
     from miles.utils.arguments import parse_and_plan
 
-    work = Path(opts.workdir or tempfile.mkdtemp(prefix="bench_trainer_"))
     checkpoint = ensure_checkpoint("sd3", "tiny", 0, work)
     prompts = ensure_prompt_file("tiny", work / "prompts.jsonl", num_prompts=16)
     args, plan = parse_and_plan(f"--hf-checkpoint {checkpoint} --prompt-data {prompts} {FLAGS}".split())
@@ -110,36 +127,51 @@ def main() -> None:
     pg = create_placement_group(placement)
     group = TrainActorGroup(args, plan, placement, pg).wait_ready()
     t_actor = time.perf_counter() - t0 - t_cluster
-    batch_ref = ray.put(batch)
+    # as the driver hands a rollout over (train_diffusion.py): the batch itself, not a ref put beforehand
+    times = TrainerTimes(0, args.micro_batch_size, [], [], [], t_cluster, t_actor)
+    try:
+        for round_index in range(rounds + 1):  # round 0 warms both up
+            start = time.perf_counter()
+            times.pairs = plain.train(batch)
+            plain_time = time.perf_counter() - start
+            start = time.perf_counter()
+            result = group.train(batch)[0]
+            ray_time = time.perf_counter() - start
+            if round_index:
+                times.plain.append(plain_time)
+                times.ray_round_trip.append(ray_time)
+                times.ray_step.append(result.metrics["perf/train_time"])
+    finally:
+        group.shutdown()
+        ray.shutdown()
+    return times
 
-    plain_times, ray_times, actor_times = [], [], []
-    for round_index in range(opts.rounds + 1):  # round 0 warms both up
-        start = time.perf_counter()
-        pairs = plain.train(batch)
-        plain_time = time.perf_counter() - start
-        start = time.perf_counter()
-        result = group.train(batch_ref)[0]
-        ray_time = time.perf_counter() - start
-        if round_index:
-            plain_times.append(plain_time)
-            ray_times.append(ray_time)
-            actor_times.append(result.metrics["perf/train_time"])
-    group.shutdown()
-    ray.shutdown()
 
-    plain_rate = pairs / statistics.median(plain_times)
-    ray_rate = pairs / statistics.median(ray_times)
-    step_rate = pairs / statistics.median(actor_times)
-    print(f"pairs per training step       {pairs} (tiny sd3, 64x64, micro-batch {args.micro_batch_size}, 1 CPU thread)")
-    print(f"plain single-process loop     {plain_rate:8.1f} pairs/s  (median of {opts.rounds}: "
-          f"{', '.join(f'{t:.2f}s' for t in plain_times)})")
-    print(f"Ray trainer (1 rank)          {ray_rate:8.1f} pairs/s  (median of {opts.rounds}: "
-          f"{', '.join(f'{t:.2f}s' for t in ray_times)})")
-    print(f"  of which the training step  {step_rate:8.1f} pairs/s  (timed inside the actor: "
-          f"{', '.join(f'{t:.2f}s' for t in actor_times)})")
-    print(f"ratio Ray / plain, round trip {ray_rate / plain_rate:8.3f}")
-    print(f"ratio Ray / plain, train step {step_rate / plain_rate:8.3f}  (target >= 0.9)")
-    print(f"Ray start-up, not in the rate {t_cluster:8.1f}s cluster + {t_actor:.1f}s train actor (model load)")
+def report(times: TrainerTimes) -> None:
+    rate = lambda ts: times.pairs / statistics.median(ts)  # noqa: E731
+    show = lambda ts: ", ".join(f"{t:.2f}s" for t in ts)  # noqa: E731
+    rounds = len(times.plain)
+    print(f"pairs per training step       {times.pairs} (tiny sd3, 64x64, micro-batch {times.micro_batch_size}, "
+          f"1 CPU thread)")
+    print(f"plain single-process loop     {rate(times.plain):8.1f} pairs/s  (median of {rounds}: {show(times.plain)})")
+    print(f"Ray trainer (1 rank)          {rate(times.ray_round_trip):8.1f} pairs/s  (median of {rounds}: "
+          f"{show(times.ray_round_trip)})")
+    print(f"  of which the training step  {rate(times.ray_step):8.1f} pairs/s  (timed inside the actor: "
+          f"{show(times.ray_step)})")
+    print(f"ratio Ray / plain, round trip {times.ratio(times.ray_round_trip):8.3f}  (target >= 0.95)")
+    print(f"ratio Ray / plain, train step {times.ratio(times.ray_step):8.3f}  (target >= 0.95)")
+    print(f"Ray start-up, not in the rate {times.cluster_start:8.1f}s cluster + {times.actor_start:.1f}s train actor "
+          f"(model load)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=5, help="timed rounds of each, after one warm-up")
+    parser.add_argument("--workdir", default=None, help="where the tiny checkpoint and prompts go (default: a temp dir)")
+    opts = parser.parse_args()
+    print(f"load average before: {os.getloadavg()[0]:.2f}")
+    report(measure(Path(opts.workdir or tempfile.mkdtemp(prefix="bench_trainer_")), opts.rounds))
+    print(f"load average after:  {os.getloadavg()[0]:.2f}")
 
 
 if __name__ == "__main__":

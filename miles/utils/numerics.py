@@ -6,10 +6,13 @@ vectorised kernels dispatch to AVX-512 where it exists, MKL chooses its GEMM ker
 blocking per CPU model, oneDNN (convolutions, bf16 matmuls) per ISA, numpy's SIMD loops (exp,
 log, ...) per feature level, and every threaded reduction splits its work by the thread count,
 which defaults to the number of cores. Each choice can move the last bits of a forward, and a
-rollout multiplies those bits into different samples. So every process a run starts gets the
-environment below, set where the run starts (the launcher's `ray start` and job runtime env,
-the recipe process, `train_diffusion.py` itself) rather than in anyone's shell, and overriding
-whatever the shell says: AVX2 is the common level of every machine the standards are meant for.
+rollout multiplies those bits into different samples. So every process a CPU run (`--device
+cpu`) starts gets the environment below, set where the run starts (the launcher's `ray start`
+and job runtime env, the recipe process, `train_diffusion.py` itself) rather than in anyone's
+shell, and overriding whatever the shell says: AVX2 is the common level of every machine the
+standards are meant for. A GPU run computes on its GPUs and gets none of it: its job env carries
+only the documented host thread count (`GPU_JOB_ENV`), and the pins a recipe process or a pinned
+shell holds are dropped before its cluster and job start (`unpinned_environ`).
 
 Nothing here imports torch: `pin_this_process()` has to run before torch (and its OpenMP
 runtime, which reads the thread count once when it loads) is imported.
@@ -64,13 +67,37 @@ NUMERIC_PACKAGES = (
 )
 
 
+# What a GPU job's processes get instead of the pins: the documented host thread count, for
+# libraries that read it from the environment (OpenMP, MKL) before torch's own setting applies.
+# No ISA levels: a GPU job's bits come from its GPU kernels, and its host work should run at the
+# speed the host can give it.
+GPU_JOB_ENV: dict[str, str] = {
+    "OMP_NUM_THREADS": str(GPU_PROCESS_CPU_THREADS),
+    "MKL_NUM_THREADS": str(GPU_PROCESS_CPU_THREADS),
+}
+
+
 def pinned_env() -> dict[str, str]:
     return dict(PINNED_ENV)
+
+
+def job_numerics_env(device: str) -> dict[str, str]:
+    """The numerics variables a job on `device` gets in its runtime env: the CPU tier's pins for
+    a CPU job (`--device cpu`), only the documented host thread count for a GPU job."""
+    return pinned_env() if device == "cpu" else dict(GPU_JOB_ENV)
 
 
 def pin_environ(environ: MutableMapping[str, str]) -> None:
     """Write the pinned settings into `environ` (an environment for a process about to start)."""
     environ.update(PINNED_ENV)
+
+
+def unpinned_environ(environ: Mapping[str, str]) -> dict[str, str]:
+    """`environ` without the CPU tier's pins: every pinned name that holds its pinned value is
+    dropped (a recipe process pins itself before it builds checkpoints, and the harness's own
+    environment is pinned; a GPU job started from either must not inherit them). A value the
+    user set to something else is theirs and stays."""
+    return {k: v for k, v in environ.items() if PINNED_ENV.get(k) != v}
 
 
 def pin_this_process() -> None:
@@ -80,6 +107,17 @@ def pin_this_process() -> None:
     pin_environ(os.environ)
     if "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(PINNED_THREADS)
+
+
+def unpin_this_process() -> None:
+    """A GPU run's process: the pins dropped from this environment (so the Ray workers it starts
+    do not inherit them) and the documented host thread count set in their place."""
+    kept = unpinned_environ(os.environ)
+    for name in PINNED_ENV:
+        if name not in kept:
+            os.environ.pop(name, None)
+    for name, value in GPU_JOB_ENV.items():
+        os.environ.setdefault(name, value)
 
 
 # -- the fingerprint -------------------------------------------------------------------------

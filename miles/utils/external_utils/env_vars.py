@@ -10,7 +10,7 @@ import shlex
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from miles.utils.numerics import pinned_env
+from miles.utils.numerics import job_numerics_env
 
 REDACTED = "<redacted>"
 DEFAULT_MASTER_ADDR = "127.0.0.1"
@@ -150,9 +150,10 @@ def master_addr(environ: Mapping[str, str] | None = None) -> str:
 
 
 def build_job_env_vars(
-    repo_root: Path, extra_env: Mapping[str, str], environ: Mapping[str, str] | None = None
+    repo_root: Path, extra_env: Mapping[str, str], environ: Mapping[str, str] | None = None, *, device: str
 ) -> dict[str, str]:
-    """env_vars of the job's runtime env; --extra-env-vars are applied last, so they win."""
+    """env_vars of the job's runtime env for a run on `device` (the train argv's --device);
+    --extra-env-vars are applied last, so they win."""
     environ = os.environ if environ is None else environ
     # the repo root first, once: a launcher started with PYTHONPATH=<repo> gives the job the same path
     existing_path = ":".join(p for p in (environ.get("PYTHONPATH") or "").split(":") if p and p != str(repo_root))
@@ -163,16 +164,17 @@ def build_job_env_vars(
     }
     env.update({k: v for k, v in sorted(environ.items()) if k.startswith(_PASSTHROUGH_PREFIXES)})
     env.update({k: environ.get(k, v) for k, v in DETERMINISM_ENV.items()})
-    env.update(fixed_job_env(environ))
+    env.update(fixed_job_env(environ, device))
     env.update({k: environ[k] for k in WANDB_PASSTHROUGH if environ.get(k)})
     env.update(extra_env)
     return env
 
 
-def fixed_job_env(environ: Mapping[str, str]) -> dict[str, str]:
+def fixed_job_env(environ: Mapping[str, str], device: str) -> dict[str, str]:
     """Extra fixed variables every job gets (numerics pinning and the like): merge them here.
-    Applied after the determinism defaults and before wandb and --extra-env-vars."""
-    return pinned_env()
+    Applied after the determinism defaults and before wandb and --extra-env-vars. The CPU
+    numerics pins go to CPU jobs only; a GPU job gets the documented host thread count."""
+    return job_numerics_env(device)
 
 
 def cuda_core_dump_env(run_dir: str) -> dict[str, str]:

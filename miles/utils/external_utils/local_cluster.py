@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -22,6 +23,7 @@ from miles.utils.external_utils.processes import (
     pids_with_token,
     print_exec,
 )
+from miles.utils.numerics import unpinned_environ
 from miles.utils.external_utils.ray_cluster import (
     RayNodeSpec,
     RayPorts,
@@ -59,20 +61,32 @@ def start_node(
     cuda_visible_devices: str | None,
     inherited_env: Mapping[str, str] | None = None,
     log_path: str | Path | None = None,
+    gpu_node: bool = False,
 ) -> None:
     """`ray start` with the record's token in its environment; records the process groups.
 
     `inherited_env` reaches every worker and job on this node through the raylet's environment.
+    A `gpu_node` (a node of a GPU job) starts without the CPU tier's numerics pins this process
+    may hold (miles.utils.numerics.unpinned_environ): its workers would inherit them.
     Ray's start-up banner (and its advice to run Ray's stop-everything command, forbidden on a shared host)
     goes to `log_path` (default `<output_dir>/.launcher/<role>.log`), not to the terminal.
     """
     warn_open_files_once(open_files_needed(spec))
     record.save(output_dir)  # before starting: a crash mid-start must still be cleanable
-    env = ray_start_env(environ_with_token(record.token, **(inherited_env or {})), cuda_visible_devices)
+    env = node_env(record.token, cuda_visible_devices, inherited_env, gpu_node)
     log_path = Path(log_path) if log_path else LaunchRecord.path_for(output_dir, record.role).with_suffix(".log")
     _run_in_own_session(ray_start_command(spec, cuda_visible_devices), env, log_path, record, output_dir)
     record.pgids = pgids_of(pids_with_token(record.token))
     record.save(output_dir)
+
+
+def node_env(token: str, cuda_visible_devices: str | None, inherited_env: Mapping[str, str] | None = None,
+             gpu_node: bool = False, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment `ray start` runs in (and every worker of the node inherits): this process's
+    (`environ`), without the CPU numerics pins on a GPU node, plus `inherited_env` and the token."""
+    environ = os.environ if environ is None else environ
+    base = unpinned_environ(environ) if gpu_node else dict(environ)
+    return ray_start_env(environ_with_token(token, base, **(inherited_env or {})), cuda_visible_devices)
 
 
 # Descriptors a node's processes hold: about 15 daemons at ~100 each, and each worker (an actor or
@@ -188,7 +202,7 @@ def start_ray_worker(
     record = LaunchRecord(role, token, ray_temp_dir=spec.temp_dir)
     status = 1
     try:
-        start_node(spec, record, output_dir, cuda_visible_devices)
+        start_node(spec, record, output_dir, cuda_visible_devices, gpu_node=num_gpus > 0)
         print(f"joined {head_address} as a Ray node (node {spec.node_ip or 'picked by Ray'}); Ray's output is in "
               f"{LaunchRecord.path_for(output_dir, role).with_suffix('.log')}; blocking until interrupted or the "
               f"head goes away", flush=True)

@@ -103,6 +103,7 @@ class _Launch:
     node_secrets: dict[str, str]
     secrets: list[str]  # values to redact from anything shown or written
     head_port: int | None = None  # a fixed GCS port (multi-node), kept across restarts
+    device: str = "cuda"  # the run's --device: a GPU run's head starts without the CPU numerics pins
 
 
 def execute_train(
@@ -192,7 +193,8 @@ def validate_train_argv(argv: list[str]):
     """train_diffusion.py's own parser and rules over the assembled argv, in this process (no
     torch, no Ray, no weights read): raises TrainArgvError with train_diffusion.py's message.
     Returns the memory plan (miles.utils.memory_plan.MemoryPlan), built from the checkpoint's
-    configs and safetensors headers or the committed table; the caller enforces it."""
+    configs and safetensors headers or the committed table (the caller enforces it), and the
+    run's --device (its job env depends on it: miles.utils.numerics.job_numerics_env)."""
     import contextlib
     import io
 
@@ -203,7 +205,7 @@ def validate_train_argv(argv: list[str]):
     try:
         with contextlib.redirect_stderr(stderr):
             ns, batch_plan = parse_and_plan(argv)
-            return build_memory_plan(ns, batch_plan)
+            return build_memory_plan(ns, batch_plan), ns.device
     except SystemExit:  # argparse: unknown flag or bad value; its last line is the reason
         lines = [line for line in stderr.getvalue().splitlines() if line.strip()]
         reason = lines[-1] if lines else "rejected by train_diffusion.py's parser"
@@ -230,12 +232,12 @@ def _plan_launch(
     run_dir = str(Path(config.output_dir).resolve() / config.run_id)
     if getattr(config, "cuda_core_dump", False):  # --extra-env-vars still win
         extra_env = {**cuda_core_dump_env(run_dir), **extra_env}
-    env_vars = build_job_env_vars(REPO_ROOT, extra_env)
     # a hub id given to --hf-checkpoint (in the recipe or --extra-args) becomes its cached snapshot
     argv = resolve_checkpoints_in_argv(assemble_argv(run_dir, train_args, config.extra_args))
-    memory = None
+    memory, device = None, "cpu" if num_gpus_per_node == 0 else "cuda"  # another trainer: by its GPUs
     if _resolve_train_script(train_script) == REPO_ROOT / DEFAULT_TRAIN_SCRIPT:
-        memory = validate_train_argv(argv)
+        memory, device = validate_train_argv(argv)
+    env_vars = build_job_env_vars(REPO_ROOT, extra_env, device=device)
     address, address_from = _job_server_address(external)
     token = new_token()
     node = None if external else _head_spec(token, num_gpus_per_node, dry, ray_head_port, config.cuda_visible_devices)
@@ -268,7 +270,7 @@ def _plan_launch(
         memory_plan=memory.lines if memory is not None else [],
         memory_plan_error=_memory_error(memory),
     )
-    return _Launch(plan, job, node, token, node_secrets, secret_values(env_vars), ray_head_port)
+    return _Launch(plan, job, node, token, node_secrets, secret_values(env_vars), ray_head_port, device)
 
 
 def _take_recipe_commands() -> list[str]:
@@ -430,7 +432,7 @@ def _run_launch(
                     record = LaunchRecord(HEAD_ROLE, launch.token, ray_temp_dir=launch.node.temp_dir)
                     phases.mark("ray_head_start")
                     start_node(launch.node, record, config.output_dir, config.cuda_visible_devices,
-                               launch.node_secrets, log_path=launcher_log)
+                               launch.node_secrets, log_path=launcher_log, gpu_node=launch.device != "cpu")
                     phases.mark("ray_head_ready")
                     print(f"Ray head up on {launch.node.node_ip}: job server {launch.node.job_server_url}, GCS "
                           f"{launch.node.gcs_address}; Ray's own output is in {launcher_log}", flush=True)

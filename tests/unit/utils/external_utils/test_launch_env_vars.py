@@ -28,7 +28,7 @@ def test_malformed_extra_env_vars_error_names_the_option(text):
 
 
 def test_job_env_has_unbuffered_output_repo_on_pythonpath_and_master_addr(tmp_path):
-    env = build_job_env_vars(tmp_path, {}, environ={})
+    env = build_job_env_vars(tmp_path, {}, environ={}, device="cpu")
     assert env["PYTHONUNBUFFERED"] == "1"
     assert env["PYTHONPATH"] == str(tmp_path)
     assert env["MASTER_ADDR"] == "127.0.0.1"
@@ -37,20 +37,20 @@ def test_job_env_has_unbuffered_output_repo_on_pythonpath_and_master_addr(tmp_pa
 
 def test_job_env_passes_nccl_and_gloo_variables_through_and_nothing_else(tmp_path):
     environ = {"NCCL_SOCKET_IFNAME": "eth1", "GLOO_SOCKET_IFNAME": "eth1", "HOME": "/root", "MASTER_ADDR": "10.0.0.1"}
-    env = build_job_env_vars(tmp_path, {}, environ=environ)
+    env = build_job_env_vars(tmp_path, {}, environ=environ, device="cpu")
     assert env["NCCL_SOCKET_IFNAME"] == env["GLOO_SOCKET_IFNAME"] == "eth1"
     assert env["MASTER_ADDR"] == "10.0.0.1"
     assert "HOME" not in env
 
 
 def test_extra_env_vars_override_the_launcher_defaults(tmp_path):
-    env = build_job_env_vars(tmp_path, {"CUBLAS_WORKSPACE_CONFIG": ":16:8"}, environ={})
+    env = build_job_env_vars(tmp_path, {"CUBLAS_WORKSPACE_CONFIG": ":16:8"}, environ={}, device="cpu")
     assert env["CUBLAS_WORKSPACE_CONFIG"] == ":16:8"
 
 
 def test_wandb_key_travels_in_the_job_env_only_when_set(tmp_path):
-    assert "WANDB_API_KEY" not in build_job_env_vars(tmp_path, {}, environ={})
-    assert build_job_env_vars(tmp_path, {}, environ={"WANDB_API_KEY": "k"})["WANDB_API_KEY"] == "k"
+    assert "WANDB_API_KEY" not in build_job_env_vars(tmp_path, {}, environ={}, device="cpu")
+    assert build_job_env_vars(tmp_path, {}, environ={"WANDB_API_KEY": "k"}, device="cpu")["WANDB_API_KEY"] == "k"
 
 
 def test_redaction_hides_keys_tokens_and_passwords_but_not_ordinary_values():
