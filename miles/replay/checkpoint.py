@@ -52,14 +52,19 @@ def block_count(config: dict[str, Any]) -> int | None:
     return next((config[k] for k in BLOCK_KEYS if k in config), None)
 
 
-def _with_blocks(config: dict[str, Any], blocks: int) -> dict[str, Any]:
+def dual_blocks(config: dict[str, Any]) -> int:
+    """SD3.5: how many blocks carry a second attention (the first ones; 0 for other models)."""
+    return len(config.get("dual_attention_layers") or ())
+
+
+def _with_blocks(config: dict[str, Any], blocks: int, dual: int | None = None) -> dict[str, Any]:
     out = {**config, "num_layers": blocks}
     if "dual_attention_layers" in out:  # SD3.5: which of the blocks carry a second attention
-        out["dual_attention_layers"] = [i for i in out["dual_attention_layers"] if i < blocks]
+        out["dual_attention_layers"] = list(range(min(blocks, dual if dual is not None else dual_blocks(out))))
     return out
 
 
-def write_config_checkpoint(key: str, root: Path, blocks: int | None = None) -> Path:
+def write_config_checkpoint(key: str, root: Path, blocks: int | None = None, dual: int | None = None) -> Path:
     """`root/<key>`: model_index.json, every component's config.json, the scheduler config."""
     from miles.models.registry import family_module
 
@@ -75,7 +80,7 @@ def write_config_checkpoint(key: str, root: Path, blocks: int | None = None) -> 
         folder.mkdir(parents=True, exist_ok=True)
         config = dict(spec["config"])
         if blocks is not None and name.startswith("transformer") and block_count(config) is not None:
-            config = _with_blocks(config, blocks)
+            config = _with_blocks(config, blocks, dual)
         if spec["library"] == "transformers" and spec.get("config_class"):
             _write_transformers_config(spec["config_class"], config, folder)
         else:

@@ -17,11 +17,14 @@ One rank (rank 0) and one engine are replayed; every rank of a recipe holds the 
 
 Depth. A transformer's blocks are identical, and every byte a rank or an engine holds is a sum
 over blocks plus a part outside them, so each phase's peak is affine in the block count B:
-peak(B) = a + b B, once B is 3 or more (FSDP2 gathers the next block while one runs, which moves
-the moment of the peak below that; `_DEPTHS`). `blocks=None` replays the released depth;
-`extrapolate=True` replays B = 3 and B = 4 and returns a + b B_real (the CPU tier: seconds
-instead of minutes). SD3.5 has two
-kinds of blocks (13 of its 24 carry a second attention), so it replays at its own depth.
+peak(B) = a + b B, once B is large enough for the moment of the peak to settle (FSDP2 gathers the
+next block while one runs; `_DEPTHS`). `blocks=None` replays the released depth;
+`extrapolate=True` replays B = 4 and B = 5 and returns a + b B_real (the CPU tier: seconds
+instead of minutes). SD3.5 has two kinds of blocks (its first 13 of 24 carry a second
+attention): it replays 4 blocks (all with one), 5 with 4 of them and 5 with all 5, and extends
+each kind to its own count. Not exact where a transient that does not grow with B is the peak
+at small B and one that does at the released B (SD3.5's setup: 30.5 GiB extrapolated from 3
+and 4 blocks, 34.7 replayed at 24; docs/memory-plan.md).
 """
 
 from __future__ import annotations
@@ -37,18 +40,18 @@ from pathlib import Path
 
 import torch
 
-from miles.replay.checkpoint import block_count, component_specs, write_config_checkpoint
+from miles.replay.checkpoint import block_count, component_specs, dual_blocks, write_config_checkpoint
 from miles.replay.memory import HOST, LiveMemory, PhaseRecord
 from miles.replay.seams import fake_process_group, replay_seams, staging_dir
 
 TRAIN_GPU, ROLLOUT_GPU, REWARD_GPU = "train GPU", "rollout GPU", "reward GPU"
 PHASES = ("setup", "train", "weight push", "checkpoint save", "rollout")  # a rollout's order, steady state
 RANK, ENGINE, REWARD = "train rank", "engine", "reward worker"
-_SAME_BLOCKS = ("sd3",)  # families whose blocks differ: replayed at their own depth
 # FSDP2 gathers the next block while one runs, in forward and in backward, so the moment of the
 # peak settles only from three blocks on: Qwen-Image's train-step peak rises 0.70 GiB from 2 to 3
-# blocks, then 0.469 GiB a block from 3 to 4 and from 4 to 6 (measured here, see docs/memory-plan.md)
-_DEPTHS = (3, 4)
+# blocks, then 0.469 GiB a block from 3 to 4 and from 4 to 6; Wan2.2 SFT's host memory settles at 4
+# (measured here, see docs/memory-plan.md)
+_DEPTHS = (4, 5)
 
 
 class ReplayUnavailable(ValueError):
@@ -70,7 +73,11 @@ class ReplayResult:
     blocks: int | None
     measures: list[PhaseMeasure]
     processes: dict[str, dict[str, int]]  # place -> role -> processes of that role on it
-    host_per_node: int
+    host_phases: dict[str, int]  # phase -> host memory of one node's ranks and engines
+
+    @property
+    def host_per_node(self) -> int:
+        return max(self.host_phases.values(), default=0)
     collectives: list[tuple[str, str, str]] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)  # phase -> why it was not replayed
 
@@ -94,26 +101,38 @@ def replay(ns: Namespace, plan, blocks: int | None = None, extrapolate: bool = F
         raise ReplayUnavailable("--device cpu: no GPU to replay")
     key = table_key(ns)
     family, specs = component_specs(key)
-    real = max(block_count(s["config"]) or 0 for n, s in specs.items() if n.startswith("transformer"))
-    if not extrapolate or family in _SAME_BLOCKS:
+    configs = [s["config"] for n, s in specs.items() if n.startswith("transformer")]
+    real = max(block_count(c) or 0 for c in configs)
+    dual = max(dual_blocks(c) for c in configs)
+    if not extrapolate:
         return _replay_once(ns, plan, key, blocks)
     low, high = _DEPTHS
-    return _extrapolated(_replay_once(ns, plan, key, low), _replay_once(ns, plan, key, high), real)
+    base = _replay_once(ns, plan, key, low, min(dual, low) if dual else None)
+    if not dual:  # identical blocks: base + (B - low) x one block
+        return _extrapolated(base, [(_replay_once(ns, plan, key, high), real - low)])
+    # SD3.5: its first `dual` blocks carry a second attention; one more block of each kind
+    plain = _replay_once(ns, plan, key, high, low)
+    second = _replay_once(ns, plan, key, high, high)
+    return _extrapolated(base, [(plain, real - dual), (second, dual - low)])
 
 
-def _extrapolated(one: ReplayResult, two: ReplayResult, blocks: int) -> ReplayResult:
-    low = _DEPTHS[0]
-    line = lambda a, b: a + (b - a) * (blocks - low)  # noqa: E731
+def _extrapolated(base: ReplayResult, steps: list[tuple[ReplayResult, int]]) -> ReplayResult:
+    """base + sum of count x (one block more, of that kind) over the kinds of block."""
+    def line(value, pick):
+        return value(base) + sum(count * (value(more) - value(base)) for more, count in steps)
+
     measures = []
-    for m2 in two.measures:
-        m1 = one.measure(m2.phase, m2.place)
-        roles = {r: line(m1.roles.get(r, 0), v) for r, v in m2.roles.items()}
-        measures.append(PhaseMeasure(m2.phase, m2.place, line(m1.peak, m2.peak), roles, m2.top))
-    return dataclasses.replace(two, blocks=None, measures=measures,
-                               host_per_node=line(one.host_per_node, two.host_per_node))
+    for m in base.measures:
+        pick = lambda r, phase=m.phase, place=m.place: r.measure(phase, place)  # noqa: E731
+        roles = {role: line(lambda r, role=role: pick(r).roles.get(role, 0), None) for role in m.roles}
+        top = pick(steps[0][0]).top
+        measures.append(PhaseMeasure(m.phase, m.place, line(lambda r: pick(r).peak, None), roles, top))
+    host = {phase: max(0, line(lambda r, phase=phase: r.host_phases.get(phase, 0), None))
+            for phase in base.host_phases}  # each phase on its own line: their maximum is not affine
+    return dataclasses.replace(steps[0][0], blocks=None, measures=measures, host_phases=host)
 
 
-def _replay_once(ns: Namespace, plan, key: str, blocks: int | None) -> ReplayResult:
+def _replay_once(ns: Namespace, plan, key: str, blocks: int | None, dual: int | None = None) -> ReplayResult:
     from miles.utils.validation import has_rollout_engines, train_gpus
 
     world = train_gpus(ns)
@@ -121,7 +140,7 @@ def _replay_once(ns: Namespace, plan, key: str, blocks: int | None) -> ReplayRes
     memory = LiveMemory()
     with tempfile.TemporaryDirectory(prefix="miles-replay-") as tmp, ExitStack() as stack:
         root = Path(tmp)
-        path = write_config_checkpoint(key, root / "model", blocks)
+        path = write_config_checkpoint(key, root / "model", blocks, dual)
         args = copy.copy(ns)
         args.hf_checkpoint, args.save = str(path), str(root / "save")
         stack.enter_context(fake_process_group(world))
@@ -198,7 +217,7 @@ def _phases(memory: LiveMemory, args, plan, world: int, engines: bool, root: Pat
         skipped["rollout"] = "no engines (SFT trains on a dataset)"
     processes = _processes(args, places, engines, rewards)
     measures = _measures(memory, processes)
-    host = _host_per_node(memory, args, engines)
+    host = _host_phases(memory, args, engines)
     calls = list(rank.comm.calls)
     return ReplayResult(key, blocks, measures, processes, host, calls, skipped)
 
@@ -468,8 +487,8 @@ def _top(memory: LiveMemory, record: PhaseRecord, place: str) -> list[str]:
     return lines[:6]
 
 
-def _host_per_node(memory: LiveMemory, args, engines: bool) -> int:
-    """The most host memory one node's processes hold in any phase: its train ranks and engines."""
+def _host_phases(memory: LiveMemory, args, engines: bool) -> dict[str, int]:
+    """The host memory one node's processes hold in each phase: its train ranks and engines."""
     from miles.utils.memory_plan import engines_per_node
 
     ranks = args.actor_num_gpus_per_node
@@ -481,5 +500,5 @@ def _host_per_node(memory: LiveMemory, args, engines: bool) -> int:
             return record.role_share(HOST, RANK) + (ranks - 1) * record.start.get((HOST, RANK), 0)
         return ranks * record.role_share(HOST, RANK)
 
-    return max((ranks_host(record) + engine_count * record.role_share(HOST, ENGINE) for record in memory.phases),
-               default=0)
+    return {record.name: ranks_host(record) + engine_count * record.role_share(HOST, ENGINE)
+            for record in memory.phases}

@@ -580,6 +580,9 @@ def plan_and_check(ns: Namespace, plan) -> MemoryPlan:
 # -- the phases of a run (setup, train, weight push, checkpoint save, rollout) and host memory --------
 
 PHASES = ("setup", "train", "weight push", "checkpoint save", "rollout")  # one rollout's order
+# a resumed run, before its first rollout: the rank's whole state back from the files while the
+# engine holds the weights it loaded at setup (not replayed: the replay writes no files to read)
+RESUME = "checkpoint load"
 
 
 @dataclass
@@ -605,6 +608,7 @@ def phase_plan(ns: Namespace, plan) -> PhasePlan | None:
 
     train rank  M models, O optimizer state, A activations and gradients, S what a weight update reads
       setup M (each part loaded straight into its final dtype and shard) | train M + O + A |
+      checkpoint load (a resume, before the first rollout; the engine as set up) M + O |
       weight push (offloaded: S, else M + O) + one bucket | checkpoint save M + O |
       rollout (offloaded: nothing, else M + O)
     engine      W weights, its forward's working set, the microgroup's trajectories (on the host)
@@ -631,12 +635,12 @@ def phase_plan(ns: Namespace, plan) -> PhasePlan | None:
     gpus: dict[str, dict[str, float]] = {}
     processes: dict[str, int] = {}
     for g in memory.gpus:
-        phases = dict.fromkeys(PHASES, 0.0)
+        phases = dict.fromkeys((*PHASES, RESUME), 0.0)
         count = 0
         for role in g.roles:
             per_phase = {"train rank": rank_phases, "engine": engine_phases}.get(role.role)
             ctx = CUDA_CONTEXT_GIB * GIB * role.count_per_gpu
-            for phase in PHASES:
+            for phase in (*PHASES, RESUME):
                 phases[phase] += per_phase[phase] if per_phase else role.total - ctx
             count += role.count_per_gpu
         gpus[g.name] = phases
@@ -654,8 +658,14 @@ def _rank_phases(ns: Namespace, train: RoleEstimate, engine: RoleEstimate | None
     m, o, a, synced = train.models, train.optimizer_state, train.activations, train.synced
     wire = synced * DTYPE_BYTES[ns.rollout_dtype] / max(1, DTYPE_BYTES[ns.compute_dtype])
     idle = 0.0 if offload else m + o
-    return {"setup": m, "train": m + o + a, "weight push": (synced if offload else m + o) + _bucket(ns, wire),
-            "checkpoint save": m + o, "rollout": idle}
+    push = (synced if offload else m + o) + _bucket(ns, wire)
+    if getattr(ns, "ema_rollout_policy", "live") == "ema" and getattr(ns, "train_backend", "dp") != "fsdp":
+        # the engines get the old policy: its weights swapped in (a backup of the trained ones in p)
+        # and every synced tensor cloned while swapped (TrainRank.synced_tensors)
+        c, pb = DTYPE_BYTES[ns.compute_dtype], DTYPE_BYTES[ns.param_dtype]
+        push += synced + synced / c * pb
+    return {"setup": m, "train": m + o + a, "weight push": push, "checkpoint save": m + o, "rollout": idle,
+            RESUME: m + o}
 
 
 def _engine_phases(ns: Namespace, engine: RoleEstimate, train: RoleEstimate) -> dict[str, float]:
@@ -664,7 +674,7 @@ def _engine_phases(ns: Namespace, engine: RoleEstimate, train: RoleEstimate) -> 
     wire = train.synced * DTYPE_BYTES[ns.rollout_dtype] / max(1, DTYPE_BYTES[ns.compute_dtype])
     offloaded = getattr(ns, "offload_rollout", False)  # off the GPU after sampling and after each update
     return {"setup": w, "train": 0.0 if offloaded else w, "weight push": w + _bucket(ns, wire),
-            "checkpoint save": 0.0 if offloaded else w, "rollout": w + working}
+            "checkpoint save": 0.0 if offloaded else w, "rollout": w + working, RESUME: w}
 
 
 def _per_sample_bytes(ns: Namespace, plan, facts: ModelFacts, geo: Geometry) -> float:
@@ -701,8 +711,12 @@ def _host_phases(ns: Namespace, plan, facts: ModelFacts, geo: Geometry, train: R
         samples = plan.samples_per_rollout // max(1, plan.dp_size)
         shard = samples * _per_sample_bytes(ns, plan, facts, geo)
     save = 0.0
-    if getattr(ns, "train_backend", "dp") != "fsdp":  # rank 0's safetensors: host copies, then their bytes
-        save = 2 * (synced * DTYPE_BYTES[ns.param_dtype] / max(1, DTYPE_BYTES[ns.compute_dtype]))
+    if getattr(ns, "train_backend", "dp") != "fsdp":
+        # rank 0's safetensors, one component's file at a time: host copies, then their bytes
+        trained = _trained(ns, facts)
+        per_component = [(_lora_params(ns, facts, geo, [n]) if ns.use_lora else facts.components[n].params)
+                         for n in trained]
+        save = 2 * max(per_component) * DTYPE_BYTES[ns.param_dtype]
     engine_host = {"setup": 0.0, "train": w if offload_rollout else 0.0, "weight push": 0.0,
                    "checkpoint save": w if offload_rollout else 0.0,
                    "rollout": (w if offload_rollout else 0.0) + (engine.trajectories if engine is not None else 0.0)}

@@ -16,7 +16,11 @@ from miles.replay.report import ReplayFailure, replay_recipe
 REPO = repo_root()
 CASES = cases(REPO)
 # cases the replay shows do not fit yet, and why (docs/memory-plan.md, "Not fitting yet")
-KNOWN: dict[tuple[str, str], str] = {}
+KNOWN: dict[tuple[str, str], str] = {
+    ("scripts/run_diffusion_grpo_pickscore_5gpu_flowgrpo_aligned.py", "full"):
+        "setup: a rank's sharded float32 master loads while its colocated engine loads the bf16 pipeline: "
+        "over the 72.0 GiB budget (docs/memory-plan.md, 'Not fitting yet')",
+}
 
 
 def _param(recipe: str, scale: str):
