@@ -54,6 +54,7 @@ from miles.backends.sft import SFTBatch, SFTRankStep
 from miles.backends.types import RolloutBatch, TrainResult
 from miles.backends.weight_sync import WeightUpdate, collect_weight_updates, sync_components, synced_tensors
 from miles.utils import phases
+from miles.rollout.sampler import expert_phases
 from miles.rollout.sde import largest_sigma_below_one, sde_step_on_host
 from miles.rollout.types import Conditioning, SamplingParams
 from miles.utils.batch_rules import ConfigError, high_noise_step_count
@@ -173,8 +174,6 @@ class TrainRank:
         """The plan kept each micro-batch on one expert using the family's default schedule, since
         validation opens no checkpoint; the checkpoint's scheduler config decides what the engines
         run. Where the two put the expert boundary at different steps, stop before training."""
-        from miles.rollout.sampler import expert_phases  # the sampler imports the loader (transformers): not in the driver
-
         planned = tuple(self.plan.experts)
         if not planned:
             return
