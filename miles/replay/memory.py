@@ -4,7 +4,7 @@ The replay runs the project's code on the meta device: every tensor has a shape 
 no storage, so a phase at the released sizes costs no memory and no arithmetic. `LiveMemory` is
 a `TorchDispatchMode`: at every op it sees each new storage, charges its bytes to the place and
 role the replay says is running (`at(...)`), and uncharges them when the storage is freed (a
-weakref finalizer). What torch's own tools lack is only the place: a meta tensor does not know
+weakref callback). What torch's own tools lack is only the place: a meta tensor does not know
 whether the real run would have it on a GPU or in host memory. So:
 
 - the code's device (`torch.device("meta")` where the run has "cuda") is the role's GPU;
@@ -79,6 +79,7 @@ class PhaseRecord:
 class LiveMemory:
     def __init__(self):
         self.live: dict[int, Allocation] = {}
+        self._watched: dict[int, weakref.ref] = {}  # a weakref per live storage: its callback uncharges it
         self.by_role: dict[tuple[str, str], dict[int, Allocation]] = {}
         self.totals: dict[tuple[str, str], int] = {}
         self.place, self.role = HOST, "driver"
@@ -128,7 +129,7 @@ class LiveMemory:
         self.live[key] = alloc
         self.by_role.setdefault((place, self.role), {})[key] = alloc
         self._add((place, self.role), nbytes)
-        weakref.finalize(storage, self._free, key)
+        self._watched[key] = weakref.ref(storage, lambda _, key=key: self._free(key))
 
     def resized(self, storage: torch.UntypedStorage) -> None:
         """A storage resized in place (offload frees one by resizing it to 0 and back)."""
@@ -152,6 +153,7 @@ class LiveMemory:
                 phase.top[key] = self.largest(key)
 
     def _free(self, key: int) -> None:
+        self._watched.pop(key, None)
         alloc = self.live.pop(key, None)
         if alloc is not None:
             self.by_role[(alloc.place, alloc.role)].pop(key, None)
@@ -321,6 +323,8 @@ def _is_view(func) -> bool:
 
 _SET = torch.ops.aten.set_
 _META = torch.device("meta")
+# in-place ops that fill a tensor (a module's initialization): no shape or storage changes
+_INITIALIZERS = {"uniform_", "normal_", "zero_", "fill_", "copy_", "bernoulli_", "exponential_", "random_"}
 
 
 class _MetaOutputs:
@@ -333,8 +337,11 @@ class _MetaOutputs:
     def __init__(self):
         self.outputs: dict = {}
         self.functional: dict = {}
+        self.in_place: dict = {}
 
     def run(self, func, args, kwargs):
+        if self._in_place(func):
+            return self._run_in_place(func, args, kwargs)
         if not self._functional(func):
             return func(*args, **kwargs)
         key = _call_key(func, args, kwargs)
@@ -349,6 +356,29 @@ class _MetaOutputs:
             self.outputs[key] = spec
         return out
 
+    def _run_in_place(self, func, args, kwargs):
+        """An elementwise update of its first argument: on meta it only checks the arguments, and a
+        call it has accepted once it accepts again; it changes no shape, stride or storage."""
+        key = _call_key(func, args, kwargs)
+        if key is not None and key in self.outputs:
+            return args[0]
+        out = func(*args, **kwargs)
+        if key is not None and out is args[0]:
+            self.outputs[key] = True
+        return out
+
+    def _in_place(self, func) -> bool:
+        known = self.in_place.get(func)
+        if known is None:
+            schema = func._schema
+            name = schema.name.split("::")[-1]
+            writes = [a for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write]
+            known = self.in_place[func] = (
+                name.endswith("_") and not name.startswith("_") and len(schema.returns) == 1
+                and len(writes) == 1 and writes[0] is schema.arguments[0]
+                and (torch.Tag.pointwise in func.tags or name in _INITIALIZERS))
+        return known
+
     def _functional(self, func) -> bool:
         known = self.functional.get(func)
         if known is None:
@@ -360,34 +390,46 @@ class _MetaOutputs:
 
 
 class _Uncacheable(Exception):
-    pass
+    """An argument the cache cannot key on (a real or subclass tensor, an object)."""
 
 
 def _call_key(func, args, kwargs):
     """A hashable description of the call, or None when an argument is not a meta tensor or a plain
-    value, or no argument is a meta tensor (a factory: cheap already)."""
-    tensors: list[int] = []
+    value (or a list of them), or no argument is a meta tensor (a factory: cheap already)."""
+    key: list = [func, tuple(kwargs)]
+    tensors = 0
     try:
-        key = (func, _value_key(args, tensors), _value_key(tuple(sorted(kwargs.items())), tensors))
+        for v in (*args, *kwargs.values()):
+            if isinstance(v, torch.Tensor):
+                key.append(_tensor_key(v))
+                tensors += 1
+            elif isinstance(v, (list, tuple)):
+                if all(type(x) is int for x in v):  # a size: most lists an op takes
+                    key.append((type(v), tuple(v)))
+                    continue
+                items = tuple(_tensor_key(x) if isinstance(x, torch.Tensor) else _plain_key(x) for x in v)
+                tensors += sum(isinstance(x, torch.Tensor) for x in v)
+                key.append((type(v), items))
+            else:
+                key.append(_plain_key(v))
     except _Uncacheable:
         return None
-    return key if tensors else None
+    return tuple(key) if tensors else None
 
 
-_PLAIN = (int, float, bool, str, torch.dtype, torch.device, torch.memory_format, torch.layout)
+_PLAIN = {int, float, bool, str, type(None), torch.dtype, torch.device, torch.memory_format, torch.layout}
 
 
-def _value_key(v, tensors: list[int]):
-    if isinstance(v, torch.Tensor):
-        if type(v) is not torch.Tensor and type(v) is not torch.nn.Parameter or v.device.type != "meta":
-            raise _Uncacheable
-        tensors.append(1)
-        return ("T", tuple(v.shape), v.stride(), v.storage_offset(), v.dtype)
-    if isinstance(v, (list, tuple)):
-        return (type(v), tuple(_value_key(x, tensors) for x in v))
-    if v is None or isinstance(v, _PLAIN):
-        return (type(v), v)
-    raise _Uncacheable
+def _tensor_key(v: torch.Tensor):
+    if type(v) is not torch.Tensor and type(v) is not torch.nn.Parameter or v.device.type != "meta":
+        raise _Uncacheable
+    return (v.shape, v.stride(), v.storage_offset(), v.dtype)
+
+
+def _plain_key(v):
+    if type(v) not in _PLAIN:
+        raise _Uncacheable
+    return (type(v), v)  # 1, 1.0 and True hash alike
 
 
 def _spec(out):
