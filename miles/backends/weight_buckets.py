@@ -190,7 +190,9 @@ def engine_targets(parts: dict[str, torch.nn.Module | None], plan: BucketPlan) -
             module = parts.get(slot.component)
             if module is None:
                 raise KeyError(f"weight sync names component {slot.component!r}, which this engine lacks")
-            own = states.setdefault(slot.component, module.state_dict(keep_vars=False))
+            if slot.component not in states:  # once per component (setdefault would build it per slot)
+                states[slot.component] = module.state_dict(keep_vars=False)
+            own = states[slot.component]
             if slot.name not in own:
                 raise KeyError(f"component {slot.component!r} has no tensor {slot.name!r}")
             if tuple(own[slot.name].shape) != slot.shape:

@@ -18,7 +18,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scale", default="full", help="a GPU scale of the recipe (full, gpu-proxy, 1gpu-proxy)")
     parser.add_argument("--depth", choices=("released", "extrapolated"), default="released",
                         help="released: every transformer at its own block count (minutes); extrapolated: "
-                             "1 and 2 blocks, extended linearly to the released count (exact, seconds)")
+                             "4 and 5 blocks, extended linearly to the released count (exact, seconds)")
     parser.add_argument("--table", action="store_true", help="print docs/memory-plan.md's table rows")
     ns = parser.parse_args(argv)
     from miles.replay.report import ReplayInputError, replay_recipe

@@ -4,7 +4,7 @@ The replay runs the project's code on the meta device: every tensor has a shape 
 no storage, so a phase at the released sizes costs no memory and no arithmetic. `LiveMemory` is
 a `TorchDispatchMode`: at every op it sees each new storage, charges its bytes to the place and
 role the replay says is running (`at(...)`), and uncharges them when the storage is freed (a
-weakref finalizer). What torch's own tools lack is only the place: a meta tensor does not know
+weakref callback). What torch's own tools lack is only the place: a meta tensor does not know
 whether the real run would have it on a GPU or in host memory. So:
 
 - the code's device (`torch.device("meta")` where the run has "cuda") is the role's GPU;
@@ -79,6 +79,7 @@ class PhaseRecord:
 class LiveMemory:
     def __init__(self):
         self.live: dict[int, Allocation] = {}
+        self._watched: dict[int, weakref.ref] = {}  # a weakref per live storage: its callback uncharges it
         self.by_role: dict[tuple[str, str], dict[int, Allocation]] = {}
         self.totals: dict[tuple[str, str], int] = {}
         self.place, self.role = HOST, "driver"
@@ -114,27 +115,29 @@ class LiveMemory:
 
     # -- accounting -----------------------------------------------------------------------------
 
-    def charge(self, tensor: torch.Tensor, place: str, op: str) -> None:
-        try:
-            storage = tensor.untyped_storage()
-        except (RuntimeError, NotImplementedError):  # a wrapper subclass: its inner tensors are counted
-            return
+    def charge(self, tensor: torch.Tensor, place: str, op: str, storage: torch.UntypedStorage | None = None) -> None:
+        if storage is None:
+            try:
+                storage = tensor.untyped_storage()
+            except (RuntimeError, NotImplementedError):  # a wrapper subclass: its inner tensors are counted
+                return
         key = storage._cdata
-        if key in self.live or storage.nbytes() == 0:
+        nbytes = storage.nbytes()
+        if key in self.live or nbytes == 0:
             return
-        alloc = Allocation(storage.nbytes(), place, self.role, tuple(tensor.shape), tensor.dtype, op)
+        alloc = Allocation(nbytes, place, self.role, tuple(tensor.shape), tensor.dtype, op)
         self.live[key] = alloc
         self.by_role.setdefault((place, self.role), {})[key] = alloc
-        self._add((place, self.role), alloc.nbytes)
-        weakref.finalize(storage, self._free, key)
+        self._add((place, self.role), nbytes)
+        self._watched[key] = weakref.ref(storage, lambda _, key=key: self._free(key))
 
-    def resized(self, tensor: torch.Tensor) -> None:
+    def resized(self, storage: torch.UntypedStorage) -> None:
         """A storage resized in place (offload frees one by resizing it to 0 and back)."""
-        storage = tensor.untyped_storage()
         key = storage._cdata
         alloc = self.live.get(key)
-        if alloc is None:
-            self.charge(tensor, self.place, "resize_")
+        if alloc is None:  # a storage not seen yet: charged whole, as a tensor over all of it
+            self.charge(torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage), self.place,
+                        "resize_")
             return
         delta = storage.nbytes() - alloc.nbytes
         alloc.nbytes = storage.nbytes()
@@ -150,6 +153,7 @@ class LiveMemory:
                 phase.top[key] = self.largest(key)
 
     def _free(self, key: int) -> None:
+        self._watched.pop(key, None)
         alloc = self.live.pop(key, None)
         if alloc is not None:
             self.by_role[(alloc.place, alloc.role)].pop(key, None)
@@ -227,6 +231,12 @@ class _Mode(TorchDispatchMode):
         super().__init__()
         self.memory = memory
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # torch wraps a mode's __torch_dispatch__ in a dynamo guard unless told not to; the replay
+        # compiles nothing, and that guard was a fifth of its time (it runs at every op)
+        return False
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         memory = self.memory
         if any(issubclass(t, _DTensor) for t in types):
@@ -236,32 +246,225 @@ class _Mode(TorchDispatchMode):
         kwargs = dict(kwargs or {})
         if func is torch.ops.aten._local_scalar_dense.default and args[0].device.type == "meta":
             return False if args[0].dtype == torch.bool else 0 if not args[0].is_floating_point() else 0.0
+        if _is_view(func):  # most ops the code runs: no new storage unless its input was never seen
+            out = func(*args, **kwargs)
+            self._charge_new(out, func, lambda: self._place_of(_metas(args, kwargs), kwargs))
+            return out
         inputs = _tensors(args, kwargs)
         if _wants_cpu(kwargs) and not _empty_request(func, args):
             kwargs["device"] = torch.device("meta")
             place = memory.place if memory.place == UNPLACED or _inside_fsdp() else HOST
+            where = lambda: place  # noqa: E731
         else:
             metas = [t for t in inputs if t.device.type == "meta"]
             if metas and any(t.device.type == "cpu" and t.dim() > 0 for t in inputs):
                 args, kwargs = tree_map(_to_meta, (args, kwargs))
-            place = self._place_of(metas, kwargs)
-        out = func(*args, **kwargs)
-        for t in _flat(out if isinstance(out, (list, tuple)) else (out,)):
-            if isinstance(t, torch.Tensor):
-                memory.charge(t, place if t.device.type == "meta" else HOST, func.__name__)
+            # set_ swaps its input's storage: where the inputs were is read before it runs
+            known = self._input_places(metas) if func.overloadpacket is _SET else None
+            where = lambda: self._place_of(metas, kwargs, known)  # noqa: E731
+        out = _META_OUTPUTS.run(func, args, kwargs)
+        self._charge_new(out, func, where)
         return out
 
-    def _place_of(self, metas, kwargs) -> str:
+    def _charge_new(self, out, func, where) -> None:
+        """Charge each output whose storage is new; its place is worked out only then (most ops
+        make none: views, in-place updates)."""
+        memory, place = self.memory, None
+        live = memory.live
+        for t in _flat(out if isinstance(out, (list, tuple)) else (out,)):
+            if not isinstance(t, torch.Tensor):
+                continue
+            try:
+                storage = t.untyped_storage()
+            except (RuntimeError, NotImplementedError):  # a wrapper subclass: its inner tensors are counted
+                continue
+            if storage._cdata in live:
+                continue
+            if t.device.type != "meta":
+                memory.charge(t, HOST, func.__name__, storage)
+                continue
+            place = place or where()
+            memory.charge(t, place, func.__name__, storage)
+
+    def _input_places(self, metas) -> set[str] | None:
+        """The places of the inputs' storages, or None when they do not matter (forced or unplaced)."""
+        memory = self.memory
+        if memory.forced is not None or memory.place == UNPLACED:
+            return None
+        live = memory.live
+        return {live[k].place for k in map(_key, metas) if k in live}
+
+    def _place_of(self, metas, kwargs, known: set[str] | None = None) -> str:
         """The current role's place for what it asks onto its device; else where the inputs are."""
         memory = self.memory
         if memory.forced is not None:
             return memory.forced
         if memory.place == UNPLACED or kwargs.get("device") is not None:
             return memory.place
-        places = {memory.live[k].place for k in map(_key, metas) if k in memory.live}
+        places = known if known is not None else self._input_places(metas)
         if not places or places - {HOST, UNPLACED}:
             return memory.place
         return HOST if HOST in places else UNPLACED
+
+
+_VIEWS: dict = {}
+
+
+def _is_view(func) -> bool:
+    """Whether an op only makes views of its inputs (its outputs alias them, nothing is written)."""
+    view = _VIEWS.get(func)
+    if view is None:
+        schema = func._schema
+        view = _VIEWS[func] = bool(schema.returns) and all(
+            r.alias_info is not None and not r.alias_info.is_write for r in schema.returns) and not any(
+            a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
+    return view
+
+
+_SET = torch.ops.aten.set_
+_META = torch.device("meta")
+# in-place ops that fill a tensor (a module's initialization): no shape or storage changes
+_INITIALIZERS = {"uniform_", "normal_", "zero_", "fill_", "copy_", "bernoulli_", "exponential_", "random_"}
+
+
+class _MetaOutputs:
+    """What a functional op makes from meta inputs depends on their shapes, strides and dtypes and
+    on its other arguments only, and torch computes it in Python for most ops (hundreds of
+    microseconds a call, most of a replay's time). A transformer's blocks repeat the same ops on
+    the same shapes, so each distinct call is computed once and its outputs' metadata reused: the
+    outputs are the same fresh storages, of the same shapes, strides and dtypes."""
+
+    def __init__(self):
+        self.outputs: dict = {}
+        self.functional: dict = {}
+        self.in_place: dict = {}
+
+    def run(self, func, args, kwargs):
+        if self._in_place(func):
+            return self._run_in_place(func, args, kwargs)
+        if not self._functional(func):
+            return func(*args, **kwargs)
+        key = _call_key(func, args, kwargs)
+        if key is None:
+            return func(*args, **kwargs)
+        spec = self.outputs.get(key)
+        if spec is not None:
+            return _make(spec)
+        out = func(*args, **kwargs)
+        spec = _spec(out)
+        if spec is not None:
+            self.outputs[key] = spec
+        return out
+
+    def _run_in_place(self, func, args, kwargs):
+        """An elementwise update of its first argument: on meta it only checks the arguments, and a
+        call it has accepted once it accepts again; it changes no shape, stride or storage."""
+        key = _call_key(func, args, kwargs)
+        if key is not None and key in self.outputs:
+            return args[0]
+        out = func(*args, **kwargs)
+        if key is not None and out is args[0]:
+            self.outputs[key] = True
+        return out
+
+    def _in_place(self, func) -> bool:
+        known = self.in_place.get(func)
+        if known is None:
+            schema = func._schema
+            name = schema.name.split("::")[-1]
+            writes = [a for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write]
+            known = self.in_place[func] = (
+                name.endswith("_") and not name.startswith("_") and len(schema.returns) == 1
+                and len(writes) == 1 and writes[0] is schema.arguments[0]
+                and (torch.Tag.pointwise in func.tags or name in _INITIALIZERS))
+        return known
+
+    def _functional(self, func) -> bool:
+        known = self.functional.get(func)
+        if known is None:
+            schema = func._schema
+            known = self.functional[func] = bool(schema.returns) and all(
+                r.alias_info is None and str(r.type) in ("Tensor", "Tensor[]") for r in schema.returns) and not any(
+                a.alias_info is not None for a in schema.arguments)
+        return known
+
+
+class _Uncacheable(Exception):
+    """An argument the cache cannot key on (a real or subclass tensor, an object)."""
+
+
+def _call_key(func, args, kwargs):
+    """A hashable description of the call, or None when an argument is not a meta tensor or a plain
+    value (or a list of them), or no argument is a meta tensor (a factory: cheap already)."""
+    key: list = [func, tuple(kwargs)]
+    tensors = 0
+    try:
+        for v in (*args, *kwargs.values()):
+            if isinstance(v, torch.Tensor):
+                key.append(_tensor_key(v))
+                tensors += 1
+            elif isinstance(v, (list, tuple)):
+                if all(type(x) is int for x in v):  # a size: most lists an op takes
+                    key.append((type(v), tuple(v)))
+                    continue
+                items = tuple(_tensor_key(x) if isinstance(x, torch.Tensor) else _plain_key(x) for x in v)
+                tensors += sum(isinstance(x, torch.Tensor) for x in v)
+                key.append((type(v), items))
+            else:
+                key.append(_plain_key(v))
+    except _Uncacheable:
+        return None
+    return tuple(key) if tensors else None
+
+
+_PLAIN = {int, float, bool, str, type(None), torch.dtype, torch.device, torch.memory_format, torch.layout}
+
+
+def _tensor_key(v: torch.Tensor):
+    if type(v) is not torch.Tensor and type(v) is not torch.nn.Parameter or v.device.type != "meta":
+        raise _Uncacheable
+    return (v.shape, v.stride(), v.storage_offset(), v.dtype)
+
+
+def _plain_key(v):
+    if type(v) not in _PLAIN:
+        raise _Uncacheable
+    return (type(v), v)  # 1, 1.0 and True hash alike
+
+
+def _spec(out):
+    """(shape, stride, dtype) of each output, or None when they are not fresh, separate meta storages."""
+    many = isinstance(out, (list, tuple))
+    specs = []
+    for t in (out if many else (out,)):
+        if not isinstance(t, torch.Tensor) or type(t) is not torch.Tensor or t.device.type != "meta":
+            return None
+        if t.storage_offset() != 0 or t.untyped_storage().nbytes() != _extent(t) * t.element_size():
+            return None
+        specs.append((tuple(t.shape), t.stride(), t.dtype))
+    if many and len({id(t.untyped_storage()) for t in out}) != len(out):
+        return None
+    return (type(out) if many else None, tuple(specs))
+
+
+def _extent(t: torch.Tensor) -> int:
+    if any(n == 0 for n in t.shape):
+        return 0
+    return 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
+
+
+def _make(spec):
+    kind, specs = spec
+    made = [torch.ops.aten.empty_strided.default(shape, stride, dtype=dtype, device=_META)
+            for shape, stride, dtype in specs]
+    return made[0] if kind is None else kind(made)
+
+
+_META_OUTPUTS = _MetaOutputs()
+
+
+def _metas(args, kwargs) -> list[torch.Tensor]:
+    return [t for t in _tensors(args, kwargs) if t.device.type == "meta"]
 
 
 def _flat(values):

@@ -224,7 +224,7 @@ def replay_seams(memory: LiveMemory):
             return self  # a real host scalar (AdamW's step) offloaded: kept, as its copy on meta holds no value
         out = resize(self, size)
         if self.device.type == "meta":
-            memory.resized(torch.empty(0, dtype=torch.uint8, device="meta").set_(self))
+            memory.resized(self)
         return out
 
     from torch.distributed.device_mesh import init_device_mesh

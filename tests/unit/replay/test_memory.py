@@ -46,3 +46,24 @@ def test_a_scalar_read_from_a_meta_tensor_is_zero():
     memory = LiveMemory()
     with memory.mode, memory.at(GPU, "train rank"):
         assert float(torch.empty(3, device="meta").sum()) == 0.0
+
+
+def test_an_op_repeated_on_the_same_shapes_makes_what_torch_makes_and_is_charged_again():
+    x = torch.empty(64, 32, dtype=torch.bfloat16, device="meta").t()  # a transposed input: its layout carries over
+    weight = torch.empty(64, 16, dtype=torch.float32, device="meta")
+    expected = [(t.shape, t.stride(), t.dtype) for t in (x * 2.0, torch.cat([x, x]), x.float() @ weight)]
+    memory = LiveMemory()
+    with memory.mode, memory.at(GPU, "train rank"):
+        for _ in range(2):  # the second round is answered from what the first one made
+            made = [x * 2.0, torch.cat([x, x]), x.float() @ weight]
+            assert [(t.shape, t.stride(), t.dtype) for t in made] == expected
+        assert memory.held(GPU, "train rank") == sum(t.numel() * t.element_size() for t in made)
+
+
+def test_an_in_place_update_repeated_returns_its_tensor_unchanged():
+    memory = LiveMemory()
+    with memory.mode, memory.at(GPU, "train rank"):
+        weight = torch.empty(8, 4, device="meta")
+        for _ in range(2):
+            assert weight.uniform_(-1, 1) is weight and weight.add_(weight) is weight
+        assert weight.shape == (8, 4) and memory.held(GPU, "train rank") == 8 * 4 * 4

@@ -1,5 +1,5 @@
 """Every recipe x every GPU scale, replayed on meta tensors (python3 -m miles.replay, depth
-extrapolated from 3 and 4 blocks): each phase fits its budget and agrees with the memory plan
+extrapolated from 4 and 5 blocks): each phase fits its budget and agrees with the memory plan
 within 15 %, and docs/memory-plan.md's table holds exactly the rows this replay prints. The cases
 come from the recipe catalog (scripts/**/run_*.py and each one's `scale` option), so a new
 recipe or scale is a new case."""
