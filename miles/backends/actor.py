@@ -89,7 +89,7 @@ class TrainRank:
         return host, free_ports(1, host)[0]
 
     def setup(self, master_addr: str | None = None, master_port: int | None = None) -> None:
-        from miles.backends.sharded_load import attach_lora_on_meta, materialize_from_checkpoint
+        from miles.backends.sharded_load import attach_lora_on_meta, frozen_base_to, materialize_from_checkpoint
         from miles.models.runtime import actor_threads, configure_torch
 
         args = self.args
@@ -107,6 +107,7 @@ class TrainRank:
             module = self.model.transformers[component]
             if self.lora is not None and self.meta_built:
                 lora_values[component] = attach_lora_on_meta(module, self.lora)
+                frozen_base_to(module, compute_dtype)  # only the adapters need a --param-dtype master
             elif self.lora is not None:
                 attach_lora(module, self.lora)
             else:
@@ -141,7 +142,7 @@ class TrainRank:
         straight into its final dtype, with no part it never reads: the text encoders only where
         SFT encodes prompts (on the forward model). Sharded (fsdp, float32 master), the trained
         transformers are built on meta and each rank later reads only its own rows
-        (miles.backends.sharded_load); every other part is loaded in the compute dtype, as an
+        (miles.backends.sharded_load; under LoRA their frozen base in the compute dtype); every other part is loaded in the compute dtype, as an
         engine loads it in the rollout dtype."""
         from miles.models.loader import TEXT_PARTS, load_model
         from miles.models.registry import detect_family, get_family

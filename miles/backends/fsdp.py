@@ -5,7 +5,9 @@ the transformer) plus the transformer itself as the root unit (embeddings, norms
 Every unit reshards after its forward (the root too), so between forwards a rank holds 1 / ranks
 of each trained weight plus at most one all-gathered unit.
 
-Dtypes. The sharded parameters are the master weights, in --param-dtype. The mixed-precision
+Dtypes. The sharded parameters are the master weights, in --param-dtype (under LoRA with a
+float32 master, the frozen base is in the compute dtype instead: miles.backends.sharded_load's
+`frozen_base_to`; its all-gather then casts nothing, and gathers the same bits). The mixed-precision
 policy all-gathers them cast to --compute-dtype (an elementwise cast of each shard, so the
 gathered weight is exactly the master rounded to the compute dtype, which is what an engine
 holds after it receives the weight in --rollout-dtype == --compute-dtype) and reduce-scatters

@@ -27,8 +27,10 @@ factor is 1 and every term is per rank whatever the rank count):
                     attention: no s^2 term); with --gradient-checkpointing only each block's input
                     (1 value) is kept, plus one block's full set during its recompute
 train rank, --train-backend fsdp (miles/backends/fsdp.py; sharding factor N = the train ranks):
-  master model      the trained components / N in p (FSDP2 shards them); every other part (VAE,
-                    an untrained expert) whole in c (cast once; there is no compute copy)
+  master model      the trained components / N in p (FSDP2 shards them); under LoRA with a float32
+                    p only the adapters are in p, the frozen base in c (sharded_load.frozen_base_to);
+                    every other part (VAE, an untrained expert) whole in c (cast once; there is no
+                    compute copy)
   gathered unit     one transformer block all-gathered in c, and its unsharded gradient in c
                     during backward (the largest block: component params / blocks)
   trained state     per trained parameter / N: the reduce-scattered gradient in p + AdamW
@@ -365,7 +367,11 @@ def _sharded_train_rank(ns: Namespace, plan, facts: ModelFacts, geo: Geometry) -
     comps = facts.components
     trained = _trained(ns, facts)
     lora = _lora_params(ns, facts, geo, trained) if ns.use_lora else 0
-    sharded = sum(comps[t].params for t in trained) + lora
+    base = sum(comps[t].params for t in trained)
+    sharded = base + lora
+    # under LoRA the frozen base is built in the compute dtype where the master is float32 (TrainRank.setup)
+    b = c if ns.use_lora and ns.param_dtype == "float32" else p
+    master = (base * b + lora * p) / n
     others = [k for k in comps if (k.startswith("transformer") and k not in trained) or k == "vae"]
     rest = sum(comps[k].params for k in others)
     if ns.loss_type == "sft_loss":
@@ -374,13 +380,14 @@ def _sharded_train_rank(ns: Namespace, plan, facts: ModelFacts, geo: Geometry) -
     unit = max((comps[t].params + (lora // len(trained) if lora else 0)) / comps[t].blocks for t in trained)
     per_trained = p + 2 * p + (p if ns.use_ema else 0)
     what = f"LoRA rank {ns.lora_rank} on {'+'.join(trained)}" if ns.use_lora else f"full {'+'.join(trained)}"
-    terms = [(f"master model: {sharded / 1e9:.2f} B sharded params in {ns.param_dtype} / {n} ranks", sharded * p / n),
+    in_dtypes = ns.param_dtype if b == p else f"{ns.compute_dtype} (base) and {ns.param_dtype} (LoRA)"
+    terms = [(f"master model: {sharded / 1e9:.2f} B sharded params in {in_dtypes} / {n} ranks", master),
              (f"parts not trained ({'+'.join(others) or 'none'}) in {ns.compute_dtype}", rest * c),
              (f"one all-gathered block ({unit / 1e9:.3f} B params) and its gradient in {ns.compute_dtype}",
               2 * unit * c),
              (f"trained state {what}: {t_params / 1e9:.3f} B params x {per_trained} B / {n} ranks (reduce-scattered "
               f"grads, AdamW{', EMA' if ns.use_ema else ''})", t_params * per_trained / n)]
-    models = sharded * p / n + rest * c
+    models = master + rest * c
     optimizer_state = t_params * (per_trained - p) / n
     transient = 2 * unit * c + t_params * p / n  # the gathered block, the sharded grads (None between steps)
     act_term, act_bytes = _activations(ns, plan, facts, geo, trained, c)

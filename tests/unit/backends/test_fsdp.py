@@ -152,3 +152,57 @@ def test_a_checkpoint_of_the_other_train_backend_is_refused_naming_the_flag(tmp_
                                                      f"{saved}"):
         check_backend(tmp_path, running)
     assert check_backend(tmp_path, saved)["world_size"] == 2
+
+
+def _bf16_lora_run(run_dir) -> dict:
+    """Two rollouts of the 1-rank sharded bf16 LoRA run: the first micro-batch's forward before
+    training, each rollout's metrics, the adapters after each step and the base weights' bytes."""
+    from miles.backends.actor import TrainRank
+    from miles.backends.lora import is_lora_param
+    from miles.rollout.data import PromptDataset
+    from miles.utils.batching import rank_schedule
+
+    args, plan = fsdp_args(run_dir, BF16_LORA, 1)
+    engine, dataset = engine_for(args), PromptDataset.from_args(args)
+    out: dict = {"metrics": [], "states": []}
+    with one_rank_group():
+        rank = TrainRank(args, plan, 0, 1)
+        rank.setup()
+        engine.apply_lora(rank.lora.rank, rank.lora.alpha, list(rank.lora.target_modules), rank.components)
+        base = [p for n, p in rank.model.transformers["transformer"].named_parameters() if not is_lora_param(n)]
+        out["base_dtypes"] = {p.dtype for p in base}
+        out["base_bytes"] = sum(p.to_local().numel() * p.element_size() for p in base)
+        for rollout_id in range(2):
+            batch = one_rollout(args, rollout_id, engine, dataset)
+            if rollout_id == 0:
+                micro = rank_schedule(rank.plan, batch.trained_steps, 0)[0][0]
+                with torch.no_grad():
+                    out["forward"] = rank._forward(batch, micro, None)[0].v.float().cpu()
+            out["metrics"].append(rank.train(batch).metrics)
+            out["states"].append(rank.trained_state())
+            for update in rank.weight_updates():
+                engine.load_weights(update.component, update.state_dict)
+    return out
+
+
+def test_a_lora_base_built_in_the_compute_dtype_gives_the_float32_bases_forwards_and_steps(tmp_path, monkeypatch):
+    """Under LoRA the frozen base is built in bf16 (the compute dtype), not the float32 master:
+    FSDP all-gathered the float32 base cast to bf16, the bf16 base holds the same values (read from
+    the file with the same round-to-nearest cast), so forwards, losses and AdamW steps of the adapters
+    must be bit for bit those of the float32 base, at half the base's bytes."""
+    import miles.backends.sharded_load as sharded_load
+
+    new = _bf16_lora_run(tmp_path / "bf16_base")
+    monkeypatch.setattr(sharded_load, "frozen_base_to", lambda module, dtype: 0)  # the float32 base, as before
+    old = _bf16_lora_run(tmp_path / "fp32_base")
+
+    assert new["base_dtypes"] == {torch.bfloat16} and old["base_dtypes"] == {torch.float32}
+    assert new["base_bytes"] * 2 == old["base_bytes"]
+    assert new["forward"].dtype == torch.float32 and new["forward"].abs().sum() > 0
+    assert torch.equal(new["forward"], old["forward"])
+    for step, (a, b) in enumerate(zip(new["metrics"], old["metrics"], strict=True)):
+        assert a["train/model_output_max_abs_diff"] == 0.0 == b["train/model_output_max_abs_diff"], step
+        assert a["train/loss"] == b["train/loss"] and a["train/grad_norm"] == b["train/grad_norm"], step
+    for a, b in zip(new["states"], old["states"], strict=True):
+        assert bit_equal(a, b)
+    assert not bit_equal(new["states"][0], new["states"][1])  # the adapters did move

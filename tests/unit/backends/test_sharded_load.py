@@ -10,7 +10,7 @@ import torch.distributed as dist
 from dtype_helpers import tiny_assets
 from miles.backends import fsdp
 from miles.backends.lora import LoraSpec, attach_lora, is_lora_param
-from miles.backends.sharded_load import attach_lora_on_meta, materialize_from_checkpoint
+from miles.backends.sharded_load import attach_lora_on_meta, frozen_base_to, materialize_from_checkpoint
 from miles.models.loader import TEXT_PARTS, load_model
 
 RANKS = 4
@@ -36,10 +36,12 @@ def _rows(tensor):
     return tuple(slice(o, o + n) for o, n in zip(offset, shape))
 
 
-def _sharded_meta_transformer(checkpoint, lora: LoraSpec | None):
+def _sharded_meta_transformer(checkpoint, lora: LoraSpec | None, base_dtype: torch.dtype | None = None):
     model = load_model(checkpoint, dtype=torch.float32, skip=TEXT_PARTS, empty={"transformer": torch.float32})
     module = model.transformers["transformer"]
     values = attach_lora_on_meta(module, lora) if lora else module.requires_grad_(True) and None
+    if base_dtype is not None:
+        frozen_base_to(module, base_dtype)
     fsdp.shard_model(model, ["transformer"], fsdp.device_mesh(torch.device("cpu"), RANKS), torch.float32,
                      torch.float32)
     read = materialize_from_checkpoint(module, checkpoint / "transformer", torch.device("cpu"), values)
@@ -78,6 +80,26 @@ def test_lora_on_a_meta_built_transformer_gets_the_values_and_rng_of_a_loaded_on
     assert sorted(got) == sorted(expected) and any(expected[n].abs().sum() > 0 for n in expected)
     for name, p in got.items():
         assert p.requires_grad and torch.equal(p.to_local(), expected[name][_rows(p)]), name
+
+
+def test_a_lora_base_cast_on_meta_holds_the_checkpoints_rows_rounded_and_the_adapters_in_float32(rank_one_of_four):
+    checkpoint, _ = tiny_assets()
+    torch.manual_seed(7)
+    fp32_module, _ = _sharded_meta_transformer(checkpoint, LORA)
+    torch.manual_seed(7)
+    module, read = _sharded_meta_transformer(checkpoint, LORA, torch.bfloat16)
+    whole = dict(load_model(checkpoint, dtype=torch.float32).transformers["transformer"].named_parameters())
+    fp32_params = dict(fp32_module.named_parameters())
+    for name, p in module.named_parameters():
+        local = p.to_local()
+        if is_lora_param(name):
+            assert p.requires_grad and local.dtype == torch.float32, name
+            assert torch.equal(local, fp32_params[name].to_local()), name
+        else:  # what FSDP's all-gather made of the float32 master: the same round-to-nearest cast
+            assert local.dtype == torch.bfloat16 and not p.requires_grad, name
+            expected = whole[name.replace(".base_layer.", ".")].detach()[_rows(p)]
+            assert torch.equal(local, expected.to(torch.bfloat16)), name
+    assert read > 0
 
 
 def test_text_encoders_skipped_by_the_loader_hold_no_bytes():

@@ -121,6 +121,17 @@ def test_fsdp_divides_master_weights_grads_and_adam_state_by_the_train_ranks_and
     assert "--train-backend fsdp" in " ".join(dp.gpus[0].knobs)
 
 
+def test_sharded_lora_plans_the_frozen_base_in_the_compute_dtype_and_only_the_adapters_in_float32():
+    fsdp = [*WAN, "--train-backend", "fsdp", "--param-dtype", "float32"]
+    full_terms, lora_terms = train_terms(memory(fsdp)), train_terms(memory([*fsdp, "--use-lora"]))
+    full, lora = full_terms["master model"], lora_terms["master model"]
+    labels = [what for what, _ in memory([*fsdp, "--use-lora"]).gpus[0].roles[0].terms]
+    assert any("in bfloat16 (base) and float32 (LoRA)" in what for what in labels)
+    adapters = [v for k, v in lora_terms.items() if k.startswith("trained state")][0] / 3  # grad + 2 AdamW, fp32
+    # the base at 2 bytes instead of 4 (the full-parameter master is the base alone, in fp32)
+    assert lora == pytest.approx(full / 2 + adapters, rel=1e-6)
+
+
 def test_offload_makes_the_peak_the_largest_phase_not_the_sum_of_the_roles():
     fsdp = [*WAN, "--train-backend", "fsdp"]
     resident = memory(fsdp).gpus[0]
