@@ -58,7 +58,7 @@ def pipeline_sample(pipe, base: Path, family: str, trajectory) -> float:
         sigmas = trajectory.sigmas.tolist()
         start, final = start / sigmas[0], final / (1.0 - sigmas[-1])
     if family == "sd3" and "text_encoder_2" not in json.loads((base / "model_index.json").read_text()):
-        call = {**call, **sd3_embeds(trajectory), "negative_prompt": None}
+        call = {**call, **sd3_embeds(trajectory.cond), "negative_prompt": None}
     call = {"prompt": PROMPT, **call}
     with torch.no_grad():
         out = pipe(num_inference_steps=NUM_STEPS, height=SIZE, width=SIZE,
