@@ -33,9 +33,11 @@ def _param(recipe: str, scale: str):
 @pytest.mark.parametrize("recipe,scale", [_param(r, s) for r, s in CASES])
 def test_every_phase_fits_its_budget_and_agrees_with_the_memory_plan(recipe, scale):
     report = replay_recipe(REPO / recipe, scale, extrapolate=True)
+    # A phase over its budget first: a known-failing case's extrapolated figure is not stable
+    # (Wan2.2 SFT full's setup printed 13.8 GiB after other cases in the same process, 6.3 alone)
+    report.check()
     assert rows_of(committed_rows(), recipe, scale) == report.table_rows(), (
         "docs/memory-plan.md's replay table is stale: regenerate it with python3 -m miles.replay.doc_table --write")
-    report.check()
 
 
 def test_the_committed_table_has_a_row_for_every_case_and_no_other():
