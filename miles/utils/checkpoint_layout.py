@@ -46,6 +46,28 @@ def _component_problem(folder: Path, class_name: str) -> str | None:
     return None
 
 
+def component_config(path: str | Path, component: str) -> dict:
+    """`<path>/<component>/config.json` ({} when missing or unreadable)."""
+    return _read_json(Path(path) / component / "config.json") or {}
+
+
+# (class, a config key that turns the need on) -> the library its forward imports lazily, which is
+# no dependency of this project: diffusers' Cosmos transformer resizes its padding mask with
+# torchvision, and without it the first forward stops at a NameError, minutes into a full run
+OPTIONAL_LIBRARIES = {("CosmosTransformer3DModel", "concat_padding_mask"): "torchvision"}
+
+
+def libraries_needed(path: str | Path) -> dict[str, str]:
+    """library -> "component (class with key)" for the optional libraries the checkpoint's models need."""
+    needed = {}
+    for name, cls in components(path).items():
+        config = component_config(path, name)
+        for (needs_class, key), library in OPTIONAL_LIBRARIES.items():
+            if cls == needs_class and config.get(key):
+                needed.setdefault(library, f"{name}/ ({cls} with {key})")
+    return needed
+
+
 def missing_parts(path: str | Path, required: tuple[str, ...] = ()) -> list[str]:
     """What keeps `path` from being a complete checkpoint (empty: complete). `required`: components
     the model family needs whether or not model_index.json names them."""

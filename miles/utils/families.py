@@ -27,6 +27,7 @@ class FamilyFacts:
     # Cosmos2: EDM (Karras) sigmas whose last step holds at sigma_min, so it has no length (and no
     # SDE noise to train on); the shift does not change them
     edm_sigmas: bool = False
+    transformer_class: str = ""  # the diffusers class each transformer component must be
 
     @property
     def num_experts(self) -> int:
@@ -37,15 +38,18 @@ FAMILIES: dict[str, FamilyFacts] = {
     f.name: f
     for f in (
         FamilyFacts("sd3", ("sd3", "stable-diffusion-3", "stable_diffusion_3"), False, True,
-                    ("transformer",), 3.0, "sde", _ATTENTION + ("add_q_proj", "add_k_proj", "add_v_proj", "to_add_out")),
+                    ("transformer",), 3.0, "sde", _ATTENTION + ("add_q_proj", "add_k_proj", "add_v_proj", "to_add_out"),
+                    transformer_class="SD3Transformer2DModel"),
         FamilyFacts("qwen_image", ("qwen-image", "qwen_image", "qwenimage"), False, True,
-                    ("transformer",), 3.0, "sde", _ATTENTION + ("add_q_proj", "add_k_proj", "add_v_proj", "to_add_out")),
+                    ("transformer",), 3.0, "sde", _ATTENTION + ("add_q_proj", "add_k_proj", "add_v_proj", "to_add_out"),
+                    transformer_class="QwenImageTransformer2DModel"),
         FamilyFacts("wan2_2", ("wan2.2", "wan2_2", "wan22", "wan-2.2"), True, True,
                     ("transformer", "transformer_2"), 12.0, "sde", _ATTENTION + ("ffn.net.0.proj", "ffn.net.2"),
-                    boundary_ratio=0.875),
-        FamilyFacts("ltx", ("ltx",), True, False, ("transformer",), 3.0, "cps", _ATTENTION),
+                    boundary_ratio=0.875, transformer_class="WanTransformer3DModel"),
+        FamilyFacts("ltx", ("ltx",), True, False, ("transformer",), 3.0, "cps", _ATTENTION,
+                    transformer_class="LTXVideoTransformer3DModel"),
         FamilyFacts("cosmos3", ("cosmos3", "cosmos-3", "cosmos"), False, True, ("transformer",), 3.0, "sde", _ATTENTION,
-                    edm_sigmas=True),
+                    edm_sigmas=True, transformer_class="CosmosTransformer3DModel"),
     )
 }
 

@@ -5,7 +5,9 @@ cluster, actors and a traceback half a minute later. No torch, no Ray, no user c
 custom reward or loss is found and its signature read from its source (ast), not imported.
 
 Checked, in order: node and device counts; the output and --save directories are writable; the
---hf-checkpoint directory is complete for its family (miles.utils.checkpoint_layout); height,
+--hf-checkpoint directory is complete for its family (miles.utils.checkpoint_layout), its
+transformers are the class the family runs and the optional libraries their forward needs are
+importable here (torchvision for a released Cosmos transformer); height,
 width and frames fit the family's VAE and patch sizes; the prompt files read and parse, with
 enough distinct prompts for a rollout batch; custom reward / loss functions exist with the right
 parameters; --save holds no other run's checkpoints and --load names a checkpoint trained with
@@ -101,6 +103,27 @@ def check_hf_checkpoint(ns: Namespace, host: HostFacts) -> None:
         raise PreflightError(f"--hf-checkpoint {path} is not a complete {family.name} checkpoint: "
                              f"{'; '.join(problems[:3])}; fix: point --hf-checkpoint at a complete diffusers "
                              f"checkpoint (components, {layout.INDEX}, weights), or delete it so the recipe rebuilds it")
+    _check_transformer_classes(path, family)
+    _check_libraries(path)
+
+
+def _check_transformer_classes(path: Path, family) -> None:
+    named = layout.components(path)
+    for name in family.transformer_components:
+        found = named.get(name)
+        if family.transformer_class and found != family.transformer_class:
+            raise PreflightError(f"--hf-checkpoint {path}: its {name}/ is a {found}, but the {family.name} family "
+                                 f"runs a {family.transformer_class} (another architecture needs its own family code); "
+                                 f"fix: point --hf-checkpoint at a {family.name} checkpoint whose {name} is a "
+                                 f"{family.transformer_class}, or pick the --diffusion-model-family of this one")
+
+
+def _check_libraries(path: Path) -> None:
+    for library, why in layout.libraries_needed(path).items():
+        if PathFinder.find_spec(library) is None:
+            raise PreflightError(f"--hf-checkpoint {path}: {why} needs {library} in its forward, and {library} is "
+                                 f"not installed here; fix: pip install {library} (the build that matches your "
+                                 f"torch), or pip install 'miles-diffusion[{library}]'")
 
 
 def check_resolution(ns: Namespace, host: HostFacts) -> None:

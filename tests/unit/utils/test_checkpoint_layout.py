@@ -50,3 +50,46 @@ def test_the_pixel_grid_is_the_vae_downsampling_times_the_patch(sd3_copy, tmp_pa
     video = pixel_grid(wan)  # x8 spatial, x4 temporal: frames 1 + 4k
     assert video == PixelGrid(16, 4, 1)
     assert video.frames_ok(33) and not video.frames_ok(32) and video.nearest_frames(32) == (29, 33)
+
+
+def _cosmos_index(path, concat_padding_mask: bool):
+    """The JSON files of a Cosmos checkpoint, enough for the layout's questions (no weights read)."""
+    path.mkdir()
+    (path / "model_index.json").write_text(json.dumps({"_class_name": "Cosmos2TextToImagePipeline",
+                                                       "transformer": ["diffusers", "CosmosTransformer3DModel"],
+                                                       "vae": ["diffusers", "AutoencoderKLWan"]}))
+    (path / "transformer").mkdir()
+    (path / "transformer" / "config.json").write_text(json.dumps({"concat_padding_mask": concat_padding_mask}))
+    return path
+
+
+def test_a_released_cosmos_transformer_needs_torchvision_and_the_proxies_do_not(tmp_path, tiny_checkpoint):
+    from miles.utils.checkpoint_layout import libraries_needed
+
+    released = _cosmos_index(tmp_path / "released", concat_padding_mask=True)
+    assert libraries_needed(released) == {"torchvision": "transformer/ (CosmosTransformer3DModel with concat_padding_mask)"}
+    assert libraries_needed(_cosmos_index(tmp_path / "proxy", concat_padding_mask=False)) == {}
+    assert libraries_needed(tiny_checkpoint("cosmos3")) == {}  # our proxies build without the mask
+
+
+def test_the_preflight_refuses_a_checkpoint_whose_optional_library_is_missing_naming_it_and_the_fix(
+        tmp_path, monkeypatch):
+    from importlib.machinery import PathFinder
+
+    from miles.utils import checkpoint_layout
+    from miles.utils.external_utils import preflight
+
+    released = _cosmos_index(tmp_path / "released", concat_padding_mask=True)
+    # torchvision may or may not be installed where this runs: the refusal is shown with a library
+    # that surely is not, and torchvision's own verdict follows what this host has
+    monkeypatch.setattr(checkpoint_layout, "OPTIONAL_LIBRARIES",
+                        {("CosmosTransformer3DModel", "concat_padding_mask"): "miles_no_such_library"})
+    with pytest.raises(preflight.PreflightError) as refused:
+        preflight._check_libraries(released)
+    assert "--hf-checkpoint" in str(refused.value) and "pip install miles_no_such_library" in str(refused.value)
+    monkeypatch.undo()
+    if PathFinder.find_spec("torchvision") is None:
+        with pytest.raises(preflight.PreflightError, match="torchvision is not installed here"):
+            preflight._check_libraries(released)
+    else:
+        preflight._check_libraries(released)

@@ -77,6 +77,8 @@ BAD_INPUTS = {
     "missing-prompts": (["--extra-args", "--prompt-data {tmp}/none.jsonl"], ("--prompt-data", "none.jsonl")),
     "missing-checkpoint": (["--extra-args", "--hf-checkpoint {tmp}/no-sd3-here"], ("--hf-checkpoint",)),
     "checkpoint-without-vae": (["--extra-args", "--hf-checkpoint {tmp}/sd3-copy"], ("--hf-checkpoint", "vae/")),
+    "foreign-transformer": (["--extra-args", "--hf-checkpoint {tmp}/sd3-copy"],
+                            ("--hf-checkpoint", "LTX2VideoTransformer3DModel", "SD3Transformer2DModel")),
     "height-63": (["--extra-args", "--diffusion-height 63"], ("--diffusion-height 63", "48 or 64")),
     "reward-signature": (["--extra-args", "--rm-type custom --custom-rm-path myrm:one_arg"],
                          ("--custom-rm-path myrm:one_arg", "1 positional")),
@@ -96,6 +98,12 @@ def test_a_bad_input_is_one_line_exit_2_and_writes_only_its_refusal(tmp_path, mo
     (tmp_path / "myrm.py").write_text("async def one_arg(args):\n    return []\n")
     if case == "checkpoint-without-vae":
         checkpoint_without(model_dir, tmp_path, "vae")
+    if case == "foreign-transformer":  # another architecture's transformer under an sd3 pipeline
+        copy = checkpoint_without(model_dir, tmp_path, "scheduler")
+        shutil.copytree(model_dir / "miles-sd3-tiny-seed0" / "scheduler", copy / "scheduler")
+        index = json.loads((copy / "model_index.json").read_text())
+        index["transformer"] = ["diffusers", "LTX2VideoTransformer3DModel"]
+        (copy / "model_index.json").write_text(json.dumps(index))
     options = [o.replace("{tmp}", str(tmp_path)) for o in options]
     result = launch(tmp_path, model_dir, *options, env={"PYTHONPATH": str(tmp_path)})
     assert_refused(result, tmp_path / "out", *words)
