@@ -67,6 +67,15 @@ class PhaseMeasure:
     top: list[str] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class HostShape:
+    """How one node's host memory adds up from one rank's and one engine's."""
+
+    ranks: int  # train ranks per node
+    engines: int  # engines per node
+    rank0_saves: bool  # a data-parallel checkpoint: only rank 0 writes (and copies) it
+
+
 @dataclass
 class ReplayResult:
     key: str
@@ -80,6 +89,11 @@ class ReplayResult:
         return max(self.host_phases.values(), default=0)
     collectives: list[tuple[str, str, str]] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)  # phase -> why it was not replayed
+    records: list[PhaseRecord] = field(default_factory=list)  # what the figures above are made from
+    host_shape: HostShape = HostShape(1, 0, False)
+
+    def record(self, phase: str) -> PhaseRecord:
+        return next(r for r in self.records if r.name == phase)
 
     def measure(self, phase: str, place: str) -> PhaseMeasure | None:
         return next((m for m in self.measures if m.phase == phase and m.place == place), None)
@@ -117,19 +131,35 @@ def replay(ns: Namespace, plan, blocks: int | None = None, extrapolate: bool = F
 
 
 def _extrapolated(base: ReplayResult, steps: list[tuple[ReplayResult, int]]) -> ReplayResult:
-    """base + sum of count x (one block more, of that kind) over the kinds of block."""
-    def line(value, pick):
-        return value(base) + sum(count * (value(more) - value(base)) for more, count in steps)
+    """base + sum of count x (one block more, of that kind) over the kinds of block, for every
+    segment of every phase; the figures are then made from these records as from a replay's."""
+    deeper = steps[0][0]
+    records = [_record_line(record, [(more.record(record.name), count) for more, count in steps])
+               for record in base.records]
+    tops = {(m.phase, m.place): m.top for m in deeper.measures}
+    measures = _measures(records, deeper.processes, lambda record, place: tops.get((record.name, place), []))
+    host = _host_phases(records, base.host_shape)
+    return dataclasses.replace(deeper, blocks=None, measures=measures, host_phases=host, records=records)
 
-    measures = []
-    for m in base.measures:
-        pick = lambda r, phase=m.phase, place=m.place: r.measure(phase, place)  # noqa: E731
-        roles = {role: line(lambda r, role=role: pick(r).roles.get(role, 0), None) for role in m.roles}
-        top = pick(steps[0][0]).top
-        measures.append(PhaseMeasure(m.phase, m.place, line(lambda r: pick(r).peak, None), roles, top))
-    host = {phase: max(0, line(lambda r, phase=phase: r.host_phases.get(phase, 0), None))
-            for phase in base.host_phases}  # each phase on its own line: their maximum is not affine
-    return dataclasses.replace(steps[0][0], blocks=None, measures=measures, host_phases=host)
+
+def _record_line(base: PhaseRecord, steps: list[tuple[PhaseRecord, int]]) -> PhaseRecord:
+    """A phase at the released depth: its start, and each role's peak the largest of its segments'
+    peaks, each segment's extended on its own line (see Depth in the module's docstring)."""
+    labels = [segment.label for segment in base.segments]
+    for more, _ in steps:
+        if [segment.label for segment in more.segments] != labels:
+            raise RuntimeError(f"phase {base.name!r}: its segments differ between depths ({labels} and "
+                               f"{[segment.label for segment in more.segments]}); a mark must be reached "
+                               f"the same number of times at every depth")
+
+    def line(value) -> int:
+        return max(0, value(base) + sum(count * (value(more) - value(base)) for more, count in steps))
+
+    keys = {k for r in (base, *(more for more, _ in steps)) for k in (*r.start, *r.peak)}
+    start = {k: line(lambda r, k=k: r.start.get(k, 0)) for k in keys}
+    peak = {k: max(start[k], *(line(lambda r, i=i, k=k: r.segments[i].peak.get(k, 0)) for i in range(len(labels))))
+            for k in keys}
+    return PhaseRecord(base.name, start, peak)
 
 
 def _replay_once(ns: Namespace, plan, key: str, blocks: int | None, dual: int | None = None) -> ReplayResult:
@@ -216,10 +246,11 @@ def _phases(memory: LiveMemory, args, plan, world: int, engines: bool, root: Pat
     else:
         skipped["rollout"] = "no engines (SFT trains on a dataset)"
     processes = _processes(args, places, engines, rewards)
-    measures = _measures(memory, processes)
-    host = _host_phases(memory, args, engines)
+    measures = _measures(memory.phases, processes, lambda record, place: _top(memory, record, place))
+    shape = _host_shape(args, engines)
+    host = _host_phases(memory.phases, shape)
     calls = list(rank.comm.calls)
-    return ReplayResult(key, blocks, measures, processes, host, calls, skipped)
+    return ReplayResult(key, blocks, measures, processes, host, calls, skipped, memory.phases, shape)
 
 
 def _one_micro_batch_plan(plan):
@@ -467,13 +498,12 @@ def _processes(args, places: dict[str, str], engines: bool, rewards: int) -> dic
     return out
 
 
-def _measures(memory: LiveMemory, processes: dict[str, dict[str, int]]) -> list[PhaseMeasure]:
+def _measures(records: list[PhaseRecord], processes: dict[str, dict[str, int]], top) -> list[PhaseMeasure]:
     out = []
-    for record in memory.phases:
+    for record in records:
         for place, roles in processes.items():
             shares = {r: record.role_share(place, r) * n for r, n in roles.items()}
-            top = _top(memory, record, place)
-            out.append(PhaseMeasure(record.name, place, sum(shares.values()), shares, top))
+            out.append(PhaseMeasure(record.name, place, sum(shares.values()), shares, top(record, place)))
     return out
 
 
@@ -487,18 +517,18 @@ def _top(memory: LiveMemory, record: PhaseRecord, place: str) -> list[str]:
     return lines[:6]
 
 
-def _host_phases(memory: LiveMemory, args, engines: bool) -> dict[str, int]:
-    """The host memory one node's processes hold in each phase: its train ranks and engines."""
+def _host_shape(args, engines: bool) -> HostShape:
     from miles.utils.memory_plan import engines_per_node
 
-    ranks = args.actor_num_gpus_per_node
-    engine_count = engines_per_node(args) if engines else 0
-    dp_save = getattr(args, "train_backend", "dp") != "fsdp"
+    return HostShape(args.actor_num_gpus_per_node, engines_per_node(args) if engines else 0,
+                     getattr(args, "train_backend", "dp") != "fsdp")
 
+
+def _host_phases(records: list[PhaseRecord], shape: HostShape) -> dict[str, int]:
+    """The host memory one node's processes hold in each phase: its train ranks and engines."""
     def ranks_host(record: PhaseRecord) -> int:
-        if record.name == "checkpoint save" and dp_save:  # only rank 0 writes a data-parallel checkpoint
-            return record.role_share(HOST, RANK) + (ranks - 1) * record.start.get((HOST, RANK), 0)
-        return ranks * record.role_share(HOST, RANK)
+        if record.name == "checkpoint save" and shape.rank0_saves:  # only rank 0 writes a data-parallel checkpoint
+            return record.role_share(HOST, RANK) + (shape.ranks - 1) * record.start.get((HOST, RANK), 0)
+        return shape.ranks * record.role_share(HOST, RANK)
 
-    return {record.name: ranks_host(record) + engine_count * record.role_share(HOST, ENGINE)
-            for record in memory.phases}
+    return {record.name: ranks_host(record) + shape.engines * record.role_share(HOST, ENGINE) for record in records}
