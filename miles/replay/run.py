@@ -16,15 +16,21 @@ Phases (each the real code; the seams are miles.replay.seams):
 One rank (rank 0) and one engine are replayed; every rank of a recipe holds the same shapes.
 
 Depth. A transformer's blocks are identical, and every byte a rank or an engine holds is a sum
-over blocks plus a part outside them, so each phase's peak is affine in the block count B:
-peak(B) = a + b B, once B is large enough for the moment of the peak to settle (FSDP2 gathers the
+over blocks plus a part outside them, so the bytes held at any one moment of a phase are affine in
+the block count B: h(B) = a + b B. The phase's peak is the largest of those over its moments, and
+that is affine only while the same moment is the largest: a transient that does not grow with B
+(Wan2.2 SFT's text encoder loading, a constant 11.8 GiB) can be the peak at small B and a moment
+that does (the end of setup, both experts' rows read: 0.34 GiB a block) at the released B. So a
+phase is cut into segments at marks the code reaches the same number of times at every depth
+(`LiveMemory.mark`: each component's build, each trained component's rows read; miles.replay.seams),
+each role's peak in each segment is extended on its own line, and the phase's peak is the largest
+of them. Within a segment the moment of the peak settles once B is large enough (FSDP2 gathers the
 next block while one runs; `_DEPTHS`). `blocks=None` replays the released depth;
-`extrapolate=True` replays B = 4 and B = 5 and returns a + b B_real (the CPU tier: seconds
-instead of minutes). SD3.5 has two kinds of blocks (its first 13 of 24 carry a second
+`extrapolate=True` replays B = 4 and B = 5 and returns, per segment, a + b B_real (the CPU tier:
+seconds instead of minutes). SD3.5 has two kinds of blocks (its first 13 of 24 carry a second
 attention): it replays 4 blocks (all with one), 5 with 4 of them and 5 with all 5, and extends
-each kind to its own count. Not exact where a transient that does not grow with B is the peak
-at small B and one that does at the released B (SD3.5's setup: 30.5 GiB extrapolated from 3
-and 4 blocks, 34.7 replayed at 24; docs/memory-plan.md).
+each kind to its own count. Still not exact where two moments of one segment trade places between
+the replayed depths and the released one (docs/memory-plan.md gives the measured gaps).
 """
 
 from __future__ import annotations
