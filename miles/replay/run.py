@@ -8,8 +8,8 @@ Phases (each the real code; the seams are miles.replay.seams):
                    recipe guides) and the VAE decode of one sample, with the trajectories of the
                    engine's microgroup held on the host
   train            `TrainRank.train` over a batch whose plan deals each rank exactly one
-                   micro-batch: one forward + backward and one optimizer step (SFT: not replayed,
-                   its step reads media files)
+                   micro-batch: one forward + backward and one optimizer step (SFT: its items'
+                   media and prompts' conditioning stand-ins, miles.replay.seams.sft_stand_ins)
   weight push      the bucketed sync: rank 0's `send_buckets` of its synced tensors and an engine's
                    `receive_buckets` into its own weights (each side resident as offload leaves it)
   checkpoint save  `TrainRank.save`
@@ -19,8 +19,9 @@ Depth. A transformer's blocks are identical, and every byte a rank or an engine 
 over blocks plus a part outside them, so the bytes held at any one moment of a phase are affine in
 the block count B: h(B) = a + b B. The phase's peak is the largest of those over its moments, and
 that is affine only while the same moment is the largest: a transient that does not grow with B
-(Wan2.2 SFT's text encoder loading, a constant 11.8 GiB) can be the peak at small B and a moment
-that does (the end of setup, both experts' rows read: 0.34 GiB a block) at the released B. So a
+(Wan2.2 SFT's VAE built beside its loaded text encoder, 12.77 GiB at 4 and 5 blocks) can be the
+peak at small B and a moment that does (the end of setup, both experts' rows read: 12.37 GiB at 4
+blocks, 12.71 at 5) at the released B. So a
 phase is cut into segments at marks the code reaches the same number of times at every depth
 (`LiveMemory.mark`: each component's build, each trained component's rows read; miles.replay.seams),
 each role's peak in each segment is extended on its own line, and the phase's peak is the largest
@@ -48,7 +49,7 @@ import torch
 
 from miles.replay.checkpoint import block_count, component_specs, dual_blocks, write_config_checkpoint
 from miles.replay.memory import HOST, LiveMemory, PhaseRecord
-from miles.replay.seams import fake_process_group, replay_seams, staging_dir
+from miles.replay.seams import fake_process_group, replay_seams, sft_stand_ins, staging_dir
 
 TRAIN_GPU, ROLLOUT_GPU, REWARD_GPU = "train GPU", "rollout GPU", "reward GPU"
 PHASES = ("setup", "train", "weight push", "checkpoint save", "rollout")  # a rollout's order, steady state
@@ -227,7 +228,13 @@ def _phases(memory: LiveMemory, args, plan, world: int, engines: bool, root: Pat
             pass
     _name(memory, rank, engine)
     if args.loss_type == "sft_loss":
-        skipped["train"] = "SFT's step reads media files and encodes prompts (not replayed)"
+        with memory.at(HOST, RANK):
+            batches = _sft_batches(args, rank)
+        with memory.measuring("train"), sft_stand_ins(lambda: _conditioning(rank.fmodel, args, rank.fmodel.dtype)):
+            with memory.at(TRAIN_GPU, RANK):
+                for batch in batches:  # one step on each trained expert, then the first again (as below)
+                    rank.train(batch)
+        del batches
     else:
         with memory.at(HOST, RANK):
             batches, held = _batches(args, rank, plan)
@@ -368,6 +375,28 @@ def _batches(args, rank, real_plan):
     order = trained + trained[:1] if len(trained) > 1 else trained
     out = [_batch(args, rank, real_plan, expert, hold=i == 0) for i, expert in enumerate(order)]
     return [b for b, _ in out], out[0][1]
+
+
+def _sft_batches(args, rank) -> list:
+    """SFT's batches of the train phase: per trained expert, the plan's items at a window of steps
+    that expert owns (stand-in media, miles.replay.seams), each item its own media file."""
+    from miles.backends.sft import SFTBatch
+    from miles.backends.sft_data import SFTItem
+
+    plan, model = rank.plan, rank.fmodel
+    params = _sampling(args)
+    sigmas = model.sigmas(params.num_steps, params.shift, params.height, params.width, params.num_frames)
+    experts = [model.expert_for_step(sigmas, k) for k in range(params.num_steps)]
+    trained = [e for e in dict.fromkeys(experts) if e in rank.components]
+    order = trained + trained[:1] if len(trained) > 1 else trained
+    n = args.n_samples_per_prompt
+    items = [SFTItem(f"prompt {i}", f"item-{i}.png", params.height, params.width, params.num_frames, i)
+             for i in range(math.ceil(plan.samples_per_rollout / n))]
+    batches = []
+    for expert in order:
+        first = _trained_step(plan, experts, expert)
+        batches.append(SFTBatch(0, items, n, list(range(first, first + plan.num_trained_steps))))
+    return batches
 
 
 def _sampling(args):

@@ -266,6 +266,24 @@ def replay_seams(memory: LiveMemory):
         yield
 
 
+@contextmanager
+def sft_stand_ins(conditioning):
+    """SFT's step without its dataset's files: each item's media is a host tensor of its pixels'
+    shape (`load_pixels` reads a PNG), and a prompt's conditioning the shapes the family's
+    `encode` returns, on the host where `SFTRankStep` caches it (a config checkpoint has no
+    tokenizer; the text encoder's no-grad forward over one prompt is not replayed)."""
+    def pixels(item, is_video: bool) -> torch.Tensor:
+        shape = (item.frames, 3, item.height, item.width) if is_video else (3, item.height, item.width)
+        return torch.empty(shape, dtype=torch.float32, device="cpu")
+
+    def cond(self, prompt: str):
+        return conditioning().to("cpu")
+
+    with mock.patch("miles.backends.sft.load_pixels", pixels), \
+            mock.patch("miles.backends.sft.SFTRankStep._cond", cond):
+        yield
+
+
 def staging_dir(root: Path) -> Path:
     path = root / "staging"
     path.mkdir(parents=True, exist_ok=True)
