@@ -21,11 +21,10 @@ the block count B: h(B) = a + b B. The phase's peak is the largest of those over
 that is affine only while the same moment is the largest: a transient that does not grow with B
 (Wan2.2 SFT's VAE built beside its loaded text encoder, 12.77 GiB at 4 and 5 blocks) can be the
 peak at small B and a moment that does (the end of setup, both experts' rows read: 12.37 GiB at 4
-blocks, 12.71 at 5) at the released B. So a
-phase is cut into segments at marks the code reaches the same number of times at every depth
-(`LiveMemory.mark`: each component's build, each trained component's rows read; miles.replay.seams),
-each role's peak in each segment is extended on its own line, and the phase's peak is the largest
-of them. Within a segment the moment of the peak settles once B is large enough (FSDP2 gathers the
+blocks, 12.71 at 5) at the released B. So a phase is cut into segments at marks the code
+reaches the same number of times at every depth (`LiveMemory.mark`: each component's build, each
+trained component's rows read; miles.replay.seams), each role's peak in each segment is extended
+on its own line, and the phase's peak is the largest of them. Within a segment the moment of the peak settles once B is large enough (FSDP2 gathers the
 next block while one runs; `_DEPTHS`). `blocks=None` replays the released depth;
 `extrapolate=True` replays B = 4 and B = 5 and returns, per segment, a + b B_real (the CPU tier:
 seconds instead of minutes). SD3.5 has two kinds of blocks (its first 13 of 24 carry a second
