@@ -27,10 +27,11 @@ trained component's rows read; miles.replay.seams), each role's peak in each seg
 on its own line, and the phase's peak is the largest of them. Within a segment the moment of the
 peak settles once B is large enough (FSDP2 gathers the next block while one runs; `_DEPTHS`).
 `blocks=None` replays the released depth; `extrapolate=True` replays B = 4 and B = 5 and
-returns, per segment, a + b B_real (the CPU tier: seconds instead of minutes). SD3.5 has two kinds of blocks (its first 13 of 24 carry a second
-attention): it replays 4 blocks (all with one), 5 with 4 of them and 5 with all 5, and extends
-each kind to its own count. Still not exact where two moments of one segment trade places between
-the replayed depths and the released one (docs/memory-plan.md gives the measured gaps).
+returns, per segment, a + b B_real (the CPU tier: seconds instead of minutes). SD3.5 has two
+kinds of blocks (its first 13 of 24 carry a second attention): it replays 4 blocks (all with
+one), 5 with 4 of them and 5 with all 5, and extends each kind to its own count. Still not exact
+where two moments of one segment trade places between the replayed depths and the released one
+(docs/memory-plan.md gives the measured gaps).
 """
 
 from __future__ import annotations
