@@ -54,13 +54,23 @@ class Allocation:
 
 
 @dataclass
+class Segment:
+    """A stretch of a phase between two marks (`LiveMemory.mark`): per (place, role) the most held."""
+
+    label: str
+    peak: dict[tuple[str, str], int] = field(default_factory=dict)
+
+
+@dataclass
 class PhaseRecord:
-    """One phase: per (place, role) the bytes at its start and the most held during it."""
+    """One phase: per (place, role) the bytes at its start and the most held during it, and the
+    most held in each of its segments (the phase's peak is their maximum)."""
 
     name: str
     start: dict[tuple[str, str], int] = field(default_factory=dict)
     peak: dict[tuple[str, str], int] = field(default_factory=dict)
     top: dict[tuple[str, str], list[tuple[int, Allocation, int]]] = field(default_factory=dict)
+    segments: list[Segment] = field(default_factory=list)
 
     def roles(self, place: str) -> list[str]:
         return sorted({r for p, r in {**self.start, **self.peak} if p == place})
@@ -102,13 +112,21 @@ class LiveMemory:
 
     @contextmanager
     def measuring(self, name: str):
-        record = PhaseRecord(name, start=dict(self.totals), peak=dict(self.totals))
+        record = PhaseRecord(name, start=dict(self.totals), peak=dict(self.totals),
+                             segments=[Segment(name, dict(self.totals))])
         self.phase, self._snapshot_at = record, {}
         try:
             yield record
         finally:
             self.phases.append(record)
             self.phase = None
+
+    def mark(self, label: str) -> None:
+        """Start a new segment of the phase being measured (if one is): a point the code reaches
+        the same number of times at every depth (a component's load), so that a segment's peak
+        is a moment the replays at two depths share (miles.replay.run, Depth)."""
+        if self.phase is not None:
+            self.phase.segments.append(Segment(label, dict(self.totals)))
 
     def held(self, place: str, role: str | None = None) -> int:
         return sum(v for (p, r), v in self.totals.items() if p == place and (role is None or r == role))
@@ -146,7 +164,12 @@ class LiveMemory:
     def _add(self, key: tuple[str, str], nbytes: int) -> None:
         self.totals[key] = self.totals.get(key, 0) + nbytes
         phase = self.phase
-        if phase is not None and self.totals[key] > phase.peak.get(key, 0):
+        if phase is None:
+            return
+        segment = phase.segments[-1].peak
+        if self.totals[key] > segment.get(key, 0):
+            segment[key] = self.totals[key]
+        if self.totals[key] > phase.peak.get(key, 0):
             phase.peak[key] = self.totals[key]
             if self.totals[key] >= self._snapshot_at.get(key, 0) * _SNAPSHOT_STEP:
                 self._snapshot_at[key] = self.totals[key]
@@ -220,6 +243,15 @@ def _inside_fsdp() -> bool:
     return False
 
 
+_FAKE_KEY = torch._C._TorchDispatchModeKey.FAKE
+
+
+def _faking() -> bool:
+    """Whether a FakeTensorMode is on: torch runs it after the user modes (this one), so this mode
+    sees the calls it is about to make fake."""
+    return torch._C._get_dispatch_mode(_FAKE_KEY) is not None
+
+
 def _to_meta(x):
     if isinstance(x, torch.Tensor) and x.device.type == "cpu" and x.dim() > 0:
         return x.to("meta")
@@ -241,8 +273,11 @@ class _Mode(TorchDispatchMode):
         memory = self.memory
         if any(issubclass(t, _DTensor) for t in types):
             return NotImplemented  # DTensor unwraps first; its local tensors come back here
-        if any(t is not torch.Tensor and t is not torch.nn.Parameter for t in types):
-            return func(*args, **(kwargs or {}))  # e.g. DTensor's sharding propagation on fake tensors: no bytes
+        if any(t is not torch.Tensor and t is not torch.nn.Parameter for t in types) or _faking():
+            # a fake tensor, or a factory call a FakeTensorMode below this mode will make fake: no bytes
+            # in the real run either (DTensor's sharding propagation builds an op's inputs at their
+            # global shapes under one, on a miss of its per-process cache only)
+            return func(*args, **(kwargs or {}))
         kwargs = dict(kwargs or {})
         if func is torch.ops.aten._local_scalar_dense.default and args[0].device.type == "meta":
             return False if args[0].dtype == torch.bool else 0 if not args[0].is_floating_point() else 0.0

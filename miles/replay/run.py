@@ -8,23 +8,30 @@ Phases (each the real code; the seams are miles.replay.seams):
                    recipe guides) and the VAE decode of one sample, with the trajectories of the
                    engine's microgroup held on the host
   train            `TrainRank.train` over a batch whose plan deals each rank exactly one
-                   micro-batch: one forward + backward and one optimizer step (SFT: not replayed,
-                   its step reads media files)
+                   micro-batch: one forward + backward and one optimizer step (SFT: its items'
+                   media and prompts' conditioning stand-ins, miles.replay.seams.sft_stand_ins)
   weight push      the bucketed sync: rank 0's `send_buckets` of its synced tensors and an engine's
                    `receive_buckets` into its own weights (each side resident as offload leaves it)
   checkpoint save  `TrainRank.save`
 One rank (rank 0) and one engine are replayed; every rank of a recipe holds the same shapes.
 
 Depth. A transformer's blocks are identical, and every byte a rank or an engine holds is a sum
-over blocks plus a part outside them, so each phase's peak is affine in the block count B:
-peak(B) = a + b B, once B is large enough for the moment of the peak to settle (FSDP2 gathers the
-next block while one runs; `_DEPTHS`). `blocks=None` replays the released depth;
-`extrapolate=True` replays B = 4 and B = 5 and returns a + b B_real (the CPU tier: seconds
-instead of minutes). SD3.5 has two kinds of blocks (its first 13 of 24 carry a second
-attention): it replays 4 blocks (all with one), 5 with 4 of them and 5 with all 5, and extends
-each kind to its own count. Not exact where a transient that does not grow with B is the peak
-at small B and one that does at the released B (SD3.5's setup: 30.5 GiB extrapolated from 3
-and 4 blocks, 34.7 replayed at 24; docs/memory-plan.md).
+over blocks plus a part outside them, so the bytes held at any one moment of a phase are affine in
+the block count B: h(B) = a + b B. The phase's peak is the largest of those over its moments, and
+that is affine only while the same moment is the largest: a transient that does not grow with B
+(Wan2.2 SFT's VAE built beside its loaded text encoder, 12.77 GiB at 4 and 5 blocks) can be the
+peak at small B and a moment that does (the end of setup, both experts' rows read: 12.37 GiB at 4
+blocks, 12.71 at 5) at the released B. So a phase is cut into segments at marks the code
+reaches the same number of times at every depth (`LiveMemory.mark`: each component's build, each
+trained component's rows read; miles.replay.seams), each role's peak in each segment is extended
+on its own line, and the phase's peak is the largest of them. Within a segment the moment of the
+peak settles once B is large enough (FSDP2 gathers the next block while one runs; `_DEPTHS`).
+`blocks=None` replays the released depth; `extrapolate=True` replays B = 4 and B = 5 and
+returns, per segment, a + b B_real (the CPU tier: seconds instead of minutes). SD3.5 has two
+kinds of blocks (its first 13 of 24 carry a second attention): it replays 4 blocks (all with
+one), 5 with 4 of them and 5 with all 5, and extends each kind to its own count. Still not exact
+where two moments of one segment trade places between the replayed depths and the released one
+(docs/memory-plan.md gives the measured gaps).
 """
 
 from __future__ import annotations
@@ -42,7 +49,7 @@ import torch
 
 from miles.replay.checkpoint import block_count, component_specs, dual_blocks, write_config_checkpoint
 from miles.replay.memory import HOST, LiveMemory, PhaseRecord
-from miles.replay.seams import fake_process_group, replay_seams, staging_dir
+from miles.replay.seams import fake_process_group, replay_seams, sft_stand_ins, staging_dir
 
 TRAIN_GPU, ROLLOUT_GPU, REWARD_GPU = "train GPU", "rollout GPU", "reward GPU"
 PHASES = ("setup", "train", "weight push", "checkpoint save", "rollout")  # a rollout's order, steady state
@@ -67,6 +74,15 @@ class PhaseMeasure:
     top: list[str] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class HostShape:
+    """How one node's host memory adds up from one rank's and one engine's."""
+
+    ranks: int  # train ranks per node
+    engines: int  # engines per node
+    rank0_saves: bool  # a data-parallel checkpoint: only rank 0 writes (and copies) it
+
+
 @dataclass
 class ReplayResult:
     key: str
@@ -80,6 +96,11 @@ class ReplayResult:
         return max(self.host_phases.values(), default=0)
     collectives: list[tuple[str, str, str]] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)  # phase -> why it was not replayed
+    records: list[PhaseRecord] = field(default_factory=list)  # what the figures above are made from
+    host_shape: HostShape = HostShape(1, 0, False)
+
+    def record(self, phase: str) -> PhaseRecord:
+        return next(r for r in self.records if r.name == phase)
 
     def measure(self, phase: str, place: str) -> PhaseMeasure | None:
         return next((m for m in self.measures if m.phase == phase and m.place == place), None)
@@ -117,19 +138,35 @@ def replay(ns: Namespace, plan, blocks: int | None = None, extrapolate: bool = F
 
 
 def _extrapolated(base: ReplayResult, steps: list[tuple[ReplayResult, int]]) -> ReplayResult:
-    """base + sum of count x (one block more, of that kind) over the kinds of block."""
-    def line(value, pick):
-        return value(base) + sum(count * (value(more) - value(base)) for more, count in steps)
+    """base + sum of count x (one block more, of that kind) over the kinds of block, for every
+    segment of every phase; the figures are then made from these records as from a replay's."""
+    deeper = steps[0][0]
+    records = [_record_line(record, [(more.record(record.name), count) for more, count in steps])
+               for record in base.records]
+    tops = {(m.phase, m.place): m.top for m in deeper.measures}
+    measures = _measures(records, deeper.processes, lambda record, place: tops.get((record.name, place), []))
+    host = _host_phases(records, base.host_shape)
+    return dataclasses.replace(deeper, blocks=None, measures=measures, host_phases=host, records=records)
 
-    measures = []
-    for m in base.measures:
-        pick = lambda r, phase=m.phase, place=m.place: r.measure(phase, place)  # noqa: E731
-        roles = {role: line(lambda r, role=role: pick(r).roles.get(role, 0), None) for role in m.roles}
-        top = pick(steps[0][0]).top
-        measures.append(PhaseMeasure(m.phase, m.place, line(lambda r: pick(r).peak, None), roles, top))
-    host = {phase: max(0, line(lambda r, phase=phase: r.host_phases.get(phase, 0), None))
-            for phase in base.host_phases}  # each phase on its own line: their maximum is not affine
-    return dataclasses.replace(steps[0][0], blocks=None, measures=measures, host_phases=host)
+
+def _record_line(base: PhaseRecord, steps: list[tuple[PhaseRecord, int]]) -> PhaseRecord:
+    """A phase at the released depth: its start, and each role's peak the largest of its segments'
+    peaks, each segment's extended on its own line (see Depth in the module's docstring)."""
+    labels = [segment.label for segment in base.segments]
+    for more, _ in steps:
+        if [segment.label for segment in more.segments] != labels:
+            raise RuntimeError(f"phase {base.name!r}: its segments differ between depths ({labels} and "
+                               f"{[segment.label for segment in more.segments]}); a mark must be reached "
+                               f"the same number of times at every depth")
+
+    def line(value) -> int:
+        return max(0, value(base) + sum(count * (value(more) - value(base)) for more, count in steps))
+
+    keys = {k for r in (base, *(more for more, _ in steps)) for k in (*r.start, *r.peak)}
+    start = {k: line(lambda r, k=k: r.start.get(k, 0)) for k in keys}
+    peak = {k: max(start[k], *(line(lambda r, i=i, k=k: r.segments[i].peak.get(k, 0)) for i in range(len(labels))))
+            for k in keys}
+    return PhaseRecord(base.name, start, peak)
 
 
 def _replay_once(ns: Namespace, plan, key: str, blocks: int | None, dual: int | None = None) -> ReplayResult:
@@ -191,7 +228,13 @@ def _phases(memory: LiveMemory, args, plan, world: int, engines: bool, root: Pat
             pass
     _name(memory, rank, engine)
     if args.loss_type == "sft_loss":
-        skipped["train"] = "SFT's step reads media files and encodes prompts (not replayed)"
+        with memory.at(HOST, RANK):
+            batches = _sft_batches(args, rank)
+        with memory.measuring("train"), sft_stand_ins(lambda: _conditioning(rank.fmodel, args, rank.fmodel.dtype)):
+            with memory.at(TRAIN_GPU, RANK):
+                for batch in batches:  # one step on each trained expert, then the first again (as below)
+                    rank.train(batch)
+        del batches
     else:
         with memory.at(HOST, RANK):
             batches, held = _batches(args, rank, plan)
@@ -216,10 +259,11 @@ def _phases(memory: LiveMemory, args, plan, world: int, engines: bool, root: Pat
     else:
         skipped["rollout"] = "no engines (SFT trains on a dataset)"
     processes = _processes(args, places, engines, rewards)
-    measures = _measures(memory, processes)
-    host = _host_phases(memory, args, engines)
+    measures = _measures(memory.phases, processes, lambda record, place: _top(memory, record, place))
+    shape = _host_shape(args, engines)
+    host = _host_phases(memory.phases, shape)
     calls = list(rank.comm.calls)
-    return ReplayResult(key, blocks, measures, processes, host, calls, skipped)
+    return ReplayResult(key, blocks, measures, processes, host, calls, skipped, memory.phases, shape)
 
 
 def _one_micro_batch_plan(plan):
@@ -331,6 +375,28 @@ def _batches(args, rank, real_plan):
     order = trained + trained[:1] if len(trained) > 1 else trained
     out = [_batch(args, rank, real_plan, expert, hold=i == 0) for i, expert in enumerate(order)]
     return [b for b, _ in out], out[0][1]
+
+
+def _sft_batches(args, rank) -> list:
+    """SFT's batches of the train phase: per trained expert, the plan's items at a window of steps
+    that expert owns (stand-in media, miles.replay.seams), each item its own media file."""
+    from miles.backends.sft import SFTBatch
+    from miles.backends.sft_data import SFTItem
+
+    plan, model = rank.plan, rank.fmodel
+    params = _sampling(args)
+    sigmas = model.sigmas(params.num_steps, params.shift, params.height, params.width, params.num_frames)
+    experts = [model.expert_for_step(sigmas, k) for k in range(params.num_steps)]
+    trained = [e for e in dict.fromkeys(experts) if e in rank.components]
+    order = trained + trained[:1] if len(trained) > 1 else trained
+    n = args.n_samples_per_prompt
+    items = [SFTItem(f"prompt {i}", f"item-{i}.png", params.height, params.width, params.num_frames, i)
+             for i in range(math.ceil(plan.samples_per_rollout / n))]
+    batches = []
+    for expert in order:
+        first = _trained_step(plan, experts, expert)
+        batches.append(SFTBatch(0, items, n, list(range(first, first + plan.num_trained_steps))))
+    return batches
 
 
 def _sampling(args):
@@ -467,13 +533,12 @@ def _processes(args, places: dict[str, str], engines: bool, rewards: int) -> dic
     return out
 
 
-def _measures(memory: LiveMemory, processes: dict[str, dict[str, int]]) -> list[PhaseMeasure]:
+def _measures(records: list[PhaseRecord], processes: dict[str, dict[str, int]], top) -> list[PhaseMeasure]:
     out = []
-    for record in memory.phases:
+    for record in records:
         for place, roles in processes.items():
             shares = {r: record.role_share(place, r) * n for r, n in roles.items()}
-            top = _top(memory, record, place)
-            out.append(PhaseMeasure(record.name, place, sum(shares.values()), shares, top))
+            out.append(PhaseMeasure(record.name, place, sum(shares.values()), shares, top(record, place)))
     return out
 
 
@@ -487,18 +552,18 @@ def _top(memory: LiveMemory, record: PhaseRecord, place: str) -> list[str]:
     return lines[:6]
 
 
-def _host_phases(memory: LiveMemory, args, engines: bool) -> dict[str, int]:
-    """The host memory one node's processes hold in each phase: its train ranks and engines."""
+def _host_shape(args, engines: bool) -> HostShape:
     from miles.utils.memory_plan import engines_per_node
 
-    ranks = args.actor_num_gpus_per_node
-    engine_count = engines_per_node(args) if engines else 0
-    dp_save = getattr(args, "train_backend", "dp") != "fsdp"
+    return HostShape(args.actor_num_gpus_per_node, engines_per_node(args) if engines else 0,
+                     getattr(args, "train_backend", "dp") != "fsdp")
 
+
+def _host_phases(records: list[PhaseRecord], shape: HostShape) -> dict[str, int]:
+    """The host memory one node's processes hold in each phase: its train ranks and engines."""
     def ranks_host(record: PhaseRecord) -> int:
-        if record.name == "checkpoint save" and dp_save:  # only rank 0 writes a data-parallel checkpoint
-            return record.role_share(HOST, RANK) + (ranks - 1) * record.start.get((HOST, RANK), 0)
-        return ranks * record.role_share(HOST, RANK)
+        if record.name == "checkpoint save" and shape.rank0_saves:  # only rank 0 writes a data-parallel checkpoint
+            return record.role_share(HOST, RANK) + (shape.ranks - 1) * record.start.get((HOST, RANK), 0)
+        return shape.ranks * record.role_share(HOST, RANK)
 
-    return {record.name: ranks_host(record) + engine_count * record.role_share(HOST, ENGINE)
-            for record in memory.phases}
+    return {record.name: ranks_host(record) + shape.engines * record.role_share(HOST, ENGINE) for record in records}

@@ -86,6 +86,7 @@ def _materialize(memory: LiveMemory):
         through the host in turn (a host buffer of the rows, copied in, freed)."""
         from miles.backends.sharded_load import _local_rows
 
+        memory.mark(f"{memory.role} reads its rows of {Path(folder).name}")
         buffers = {(id(sub), name): (sub, name, b.to(device)) for sub in module.modules()
                    for name, b in sub._buffers.items() if b is not None}
         module.to_empty(device=device)
@@ -165,9 +166,12 @@ def _all_gather_object(object_list: list, obj, group=None) -> None:
     object_list[:] = [obj] * len(object_list)
 
 
-def _unplaced(memory: LiveMemory, fn):
-    """`fn` as the real run runs it on the meta device: what it makes holds no bytes."""
+def _unplaced(memory: LiveMemory, fn, mark: bool = False):
+    """`fn` as the real run runs it on the meta device: what it makes holds no bytes. `mark`: its
+    call starts a segment of the phase (a component's build, its name the first argument)."""
     def wrapped(*args, **kwargs):
+        if mark:
+            memory.mark(f"{memory.role} builds {args[0]}")
         with memory.at(UNPLACED, memory.role):
             return fn(*args, **kwargs)
 
@@ -198,6 +202,7 @@ def _named(memory: LiveMemory, build):
     """The loader's meta build of a component, its tensors named as they are made (so a refusal
     can name tensors a phase drops before it ends)."""
     def wrapped(name, *args, **kwargs):
+        memory.mark(f"{memory.role} builds {name}")
         module = build(name, *args, **kwargs)
         if isinstance(module, torch.nn.Module):
             memory.name_storages({f"{memory.role} {name}.{n}": t for n, t in
@@ -248,7 +253,7 @@ def replay_seams(memory: LiveMemory):
             ("torch.distributed.checkpoint.save", _dcp_save),
             ("torch.distributed.all_gather_object", _all_gather_object),
             ("torch.nn.functional.scaled_dot_product_attention", _fused_attention),
-            ("miles.models.loader._empty_component", _unplaced(memory, _empty_component)),
+            ("miles.models.loader._empty_component", _unplaced(memory, _empty_component, mark=True)),
             ("miles.models.loader._meta_component", _named(memory, _meta_component)),
             ("miles.backends.sharded_load.attach_lora_on_meta", _unplaced(memory, attach_lora_on_meta)),
         ]:
@@ -258,6 +263,24 @@ def replay_seams(memory: LiveMemory):
 
         if not hasattr(cosmos, "transforms"):
             stack.enter_context(mock.patch.object(cosmos, "transforms", _NearestResize, create=True))
+        yield
+
+
+@contextmanager
+def sft_stand_ins(conditioning):
+    """SFT's step without its dataset's files: each item's media is a host tensor of its pixels'
+    shape (`load_pixels` reads a PNG), and a prompt's conditioning the shapes the family's
+    `encode` returns, on the host where `SFTRankStep` caches it (a config checkpoint has no
+    tokenizer; the text encoder's no-grad forward over one prompt is not replayed)."""
+    def pixels(item, is_video: bool) -> torch.Tensor:
+        shape = (item.frames, 3, item.height, item.width) if is_video else (3, item.height, item.width)
+        return torch.empty(shape, dtype=torch.float32, device="cpu")
+
+    def cond(self, prompt: str):
+        return conditioning().to("cpu")
+
+    with mock.patch("miles.backends.sft.load_pixels", pixels), \
+            mock.patch("miles.backends.sft.SFTRankStep._cond", cond):
         yield
 
 

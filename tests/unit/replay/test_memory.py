@@ -67,3 +67,33 @@ def test_an_in_place_update_repeated_returns_its_tensor_unchanged():
         for _ in range(2):
             assert weight.uniform_(-1, 1) is weight and weight.add_(weight) is weight
         assert weight.shape == (8, 4) and memory.held(GPU, "train rank") == 8 * 4 * 4
+
+
+def test_what_a_fake_tensor_mode_makes_is_charged_nowhere():
+    # DTensor's sharding propagation builds an op's inputs at their global shapes under a
+    # FakeTensorMode, on a miss of its per-process cache only: charged, they made a replay's
+    # figures depend on what ran before it in the process
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    memory = LiveMemory()
+    with memory.mode, memory.at(GPU, "train rank"):
+        with FakeTensorMode():
+            fake = torch.empty_strided((4096, 4096), (4096, 1), dtype=torch.float32, device="cpu")
+            assert (fake * 2).shape == (4096, 4096)
+        assert memory.held(GPU) == memory.held(HOST) == 0
+        real = torch.empty(1024, dtype=torch.float32, device="meta")
+        assert memory.held(GPU, "train rank") == 4096  # the mode still counts once the fake one is gone
+        del real
+
+
+def test_each_segment_of_a_phase_has_its_own_peak():
+    memory = LiveMemory()
+    with memory.mode, memory.at(GPU, "train rank"), memory.measuring("setup") as phase:
+        transient = torch.empty(1000, dtype=torch.uint8, device="meta")
+        del transient
+        memory.mark("builds transformer")
+        kept = torch.empty(600, dtype=torch.uint8, device="meta")
+    assert [s.label for s in phase.segments] == ["setup", "builds transformer"]
+    assert [s.peak[(GPU, "train rank")] for s in phase.segments] == [1000, 600]
+    assert phase.peak[(GPU, "train rank")] == 1000
+    del kept
