@@ -287,7 +287,7 @@ class DiffusionModel:
             return self._expert_velocity(names[0], x, sigmas, cond, scale, detach_uncond)
         # several experts (SFT draws sigmas across the boundary): one call each, rows put back in order
         rows = {name: [i for i, n in enumerate(names) if n == name] for name in dict.fromkeys(names)}
-        parts = [self._expert_velocity(name, x[idx], sigmas[idx], _select_rows(cond, idx), scale, detach_uncond)
+        parts = [self._expert_velocity(name, x[idx], sigmas[idx], select_rows(cond, idx), scale, detach_uncond)
                  for name, idx in rows.items()]
         order = torch.tensor([i for idx in rows.values() for i in idx]).argsort()
         return torch.cat(parts)[order.to(parts[0].device)]
@@ -397,7 +397,8 @@ def _joined(encoded: dict[str, dict[str, torch.Tensor]], texts: list[str]) -> di
     return {k: torch.cat([encoded[t][k] for t in texts]) for k in encoded[texts[0]]}
 
 
-def _select_rows(cond: Conditioning, rows: list[int]) -> Conditioning:
+def select_rows(cond: Conditioning, rows: list[int]) -> Conditioning:
+    """The batch of `cond`'s rows `rows`, in that order (a row may repeat)."""
     pick = lambda d: None if d is None else {k: t[rows] for k, t in d.items()}  # noqa: E731
     return Conditioning(pick(cond.positive), pick(cond.negative))
 

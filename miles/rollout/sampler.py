@@ -1,6 +1,7 @@
 """Sample trajectories from a DiffusionModel: noise -> latents, recording every step.
 
-A microgroup (samples of one prompt, `--rollout-microgroup-size` of them) is denoised as one batch:
+Each distinct prompt is encoded once per call, its rows shared by its microgroups. A microgroup
+(samples of one prompt, `--rollout-microgroup-size` of them) is denoised as one batch:
 at each step one forward of the whole microgroup (`DiffusionModel.velocity`), and one VAE decode at
 the end. The model's bits depend on that batch, so the trainer recomputes a step with exactly the
 microgroup the engine forwarded, in its order (the batch plan's rollout tile). Microgroups are cut
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from miles.models.loader import DiffusionModel
+from miles.models.loader import DiffusionModel, select_rows
 from miles.rollout.sde import largest_sigma_below_one, ode_step, sde_step_on_host
 from miles.rollout.types import Conditioning, SampleRequest, SamplingParams, Trajectory
 
@@ -65,8 +66,9 @@ def _microgroups(requests: list[SampleRequest], size: int | None) -> list[list[S
     return chunks
 
 
-def _denoise(model: DiffusionModel, requests: list[SampleRequest], params: SamplingParams,
+def _denoise(model: DiffusionModel, requests: list[SampleRequest], cond: Conditioning, params: SamplingParams,
              trained_steps: list[int], debug: bool) -> list[Trajectory]:
+    """One microgroup's trajectories; `cond` is its samples' conditioning, row for row."""
     sigmas = sigmas_for(model, params)
     sigma_max = largest_sigma_below_one(sigmas)
     shape = model.latent_shape(params.height, params.width, params.num_frames)
@@ -77,8 +79,6 @@ def _denoise(model: DiffusionModel, requests: list[SampleRequest], params: Sampl
     # sampling runs in inference mode (no autograd bookkeeping on any op); what leaves it below is
     # copied outside it, so the trajectories are ordinary tensors a trainer can differentiate through
     with torch.inference_mode():
-        cond: Conditioning = model.encode_prompts([r.prompt for r in requests], params.negative_prompt,
-                                                  params.max_sequence_length)
         # one generator per sample, drawn one by one: what keeps a sample's noise independent of the
         # microgroup it lands in (a batched draw from one generator would depend on its neighbours)
         generators = [torch.Generator().manual_seed(r.seed) for r in requests]
@@ -132,8 +132,17 @@ def generate(model: DiffusionModel, requests: list[SampleRequest], params: Sampl
     bad = [k for k in trained_steps if not 0 <= k < params.num_steps]
     if bad:
         raise ValueError(f"trained steps {bad} are outside [0, {params.num_steps})")
+    if not requests:
+        return []
+    # each distinct prompt encoded once for all its microgroups (a text is encoded alone, so its rows
+    # are the same bits whichever microgroup takes them)
+    prompts = list(dict.fromkeys(r.prompt for r in requests))
+    row_of = {p: i for i, p in enumerate(prompts)}
+    with torch.inference_mode():
+        encoded = model.encode_prompts(prompts, params.negative_prompt, params.max_sequence_length)
     by_id = {}
     for chunk in _microgroups(requests, params.microgroup_size):
-        for r, t in zip(chunk, _denoise(model, chunk, params, trained_steps, debug)):
+        cond = select_rows(encoded, [row_of[r.prompt] for r in chunk])
+        for r, t in zip(chunk, _denoise(model, chunk, cond, params, trained_steps, debug)):
             by_id[id(r)] = t
     return [by_id[id(r)] for r in requests]

@@ -145,6 +145,20 @@ def test_microgroup_size_is_the_batch_of_every_forward(model_of, microgroup_size
     assert batches == [batch] * (params.num_steps * microgroups)
 
 
+def test_each_distinct_text_is_encoded_once_per_call_whatever_the_microgroups(model_of):
+    """Four microgroups of one sample over two prompts: two prompt encodings and one of the negative
+    prompt, not one of each per microgroup."""
+    model = model_of("sd3")
+    params = _params(model, microgroup_size=1, negative_prompt="grainy, seen by this test only")
+    calls = []
+    hook = model.text_encoders["text_encoder"].register_forward_hook(lambda *_: calls.append(1))
+    try:
+        trajectories = sampler.generate(model, _requests(4), params, trained_steps=[0])
+    finally:
+        hook.remove()
+    assert len(calls) == 3 and len(trajectories) == 4
+
+
 def test_microgroups_never_mix_prompt_groups():
     chunks = sampler._microgroups(_requests(6, groups=2), size=2)
     assert [[r.group_index for r in c] for c in chunks] == [[0, 0], [0], [1, 1], [1]]
