@@ -185,23 +185,40 @@ class DiffusionModel:
         `max_sequence_length` is the pipeline's argument of that name (None: the pipeline's default).
 
         Each distinct text is encoded on its own, so a sample's conditioning is the same whatever
-        microgroup it is sampled in (a batched text encoder can differ in the last bits).
+        microgroup it is sampled in (a batched text encoder can differ in the last bits); a text
+        repeated in `prompts` (a microgroup is one prompt's samples) is encoded once and copied.
+        Negative prompts, the same in every call of a run, are kept across calls (on the host) while
+        the text encoders' weights stay unchanged.
         """
-        cache: dict[str, dict[str, torch.Tensor]] = {}
         length = max_sequence_length or self.spec.module.max_sequence_length
-
-        def encode(texts: list[str]) -> dict[str, torch.Tensor]:
-            for text in texts:
-                if text not in cache:
-                    out = self.spec.module.encode(self.parts, [text], length)
-                    cache[text] = {k: v.to(self.dtype) if v.is_floating_point() else v for k, v in out.items()}
-            return {k: torch.cat([cache[t][k] for t in texts]) for k in cache[texts[0]]}
-
+        cache: dict[str, dict[str, torch.Tensor]] = {}
         negative = None
         if self.spec.guided and negative_prompt is not None:
             negatives = [negative_prompt] * len(prompts) if isinstance(negative_prompt, str) else list(negative_prompt)
-            negative = encode(negatives)
-        return Conditioning(encode(list(prompts)), negative)
+            kept = self._kept_negatives(length)
+            for text in dict.fromkeys(negatives):
+                if text not in kept:
+                    kept[text] = {k: v.cpu() for k, v in self._encode_text(text, length).items()}
+                cache[text] = {k: v.to(self.device) for k, v in kept[text].items()}
+            negative = _joined(cache, negatives)
+        for text in dict.fromkeys(prompts):
+            if text not in cache:
+                cache[text] = self._encode_text(text, length)
+        return Conditioning(_joined(cache, list(prompts)), negative)
+
+    def _encode_text(self, text: str, length: int) -> dict[str, torch.Tensor]:
+        out = self.spec.module.encode(self.parts, [text], length)
+        return {k: v.to(self.dtype) if v.is_floating_point() else v for k, v in out.items()}
+
+    def _kept_negatives(self, length: int) -> dict[str, dict[str, torch.Tensor]]:
+        """The negative prompts' encodings at this length, emptied whenever a text encoder's weights
+        changed (a load or a bucketed sync copies in place, which bumps each tensor's version; a
+        LoRA injection adds tensors)."""
+        params = [p for m in self.text_encoders.values() for p in m.parameters()]
+        weights = (len(params), sum(p._version for p in params))
+        if getattr(self, "_negatives_weights", None) != weights:
+            self._negatives_weights, self._negatives = weights, {}
+        return self._negatives.setdefault(length, {})
 
     # -- schedule -----------------------------------------------------------------------------
 
@@ -270,7 +287,7 @@ class DiffusionModel:
             return self._expert_velocity(names[0], x, sigmas, cond, scale, detach_uncond)
         # several experts (SFT draws sigmas across the boundary): one call each, rows put back in order
         rows = {name: [i for i, n in enumerate(names) if n == name] for name in dict.fromkeys(names)}
-        parts = [self._expert_velocity(name, x[idx], sigmas[idx], _select_rows(cond, idx), scale, detach_uncond)
+        parts = [self._expert_velocity(name, x[idx], sigmas[idx], select_rows(cond, idx), scale, detach_uncond)
                  for name, idx in rows.items()]
         order = torch.tensor([i for idx in rows.values() for i in idx]).argsort()
         return torch.cat(parts)[order.to(parts[0].device)]
@@ -375,7 +392,13 @@ class DiffusionModel:
                 own[target].copy_(value.to(own[target].dtype))
 
 
-def _select_rows(cond: Conditioning, rows: list[int]) -> Conditioning:
+def _joined(encoded: dict[str, dict[str, torch.Tensor]], texts: list[str]) -> dict[str, torch.Tensor]:
+    """The batch of `texts`' encodings, in order (a text repeated is its encoding repeated)."""
+    return {k: torch.cat([encoded[t][k] for t in texts]) for k in encoded[texts[0]]}
+
+
+def select_rows(cond: Conditioning, rows: list[int]) -> Conditioning:
+    """The batch of `cond`'s rows `rows`, in that order (a row may repeat)."""
     pick = lambda d: None if d is None else {k: t[rows] for k, t in d.items()}  # noqa: E731
     return Conditioning(pick(cond.positive), pick(cond.negative))
 

@@ -1,15 +1,16 @@
 """Sample trajectories from a DiffusionModel: noise -> latents, recording every step.
 
-A microgroup (samples of one prompt, `--rollout-microgroup-size` of them) is denoised as one batch:
+Each distinct prompt is encoded once per call, its rows shared by its microgroups. A microgroup
+(samples of one prompt, `--rollout-microgroup-size` of them) is denoised as one batch:
 at each step one forward of the whole microgroup (`DiffusionModel.velocity`), and one VAE decode at
 the end. The model's bits depend on that batch, so the trainer recomputes a step with exactly the
 microgroup the engine forwarded, in its order (the batch plan's rollout tile). Microgroups are cut
 from each prompt's samples in request order, and an engine receives whole prompts, so the tiles are
 the same whatever the engine count.
 
-Each sample draws all its noise (initial latents, then one draw per step) from its own generator
-seeded with its request's seed, in step order, so its noise is the same whichever microgroup or
-engine it lands in. Steps in `trained_steps` use the SDE type and record a log-prob; the others
+Each sample draws all its noise (initial latents, then one draw per step up to the last step that
+uses one) from its own generator seeded with its request's seed, in step order, so its noise is the
+same whichever microgroup or engine it lands in. Steps in `trained_steps` use the SDE type and record a log-prob; the others
 run as ODE.
 """
 
@@ -17,8 +18,8 @@ from __future__ import annotations
 
 import torch
 
-from miles.models.loader import DiffusionModel
-from miles.rollout.sde import largest_sigma_below_one, sde_step_on_host
+from miles.models.loader import DiffusionModel, select_rows
+from miles.rollout.sde import largest_sigma_below_one, ode_step, sde_step_on_host
 from miles.rollout.types import Conditioning, SampleRequest, SamplingParams, Trajectory
 
 
@@ -65,8 +66,9 @@ def _microgroups(requests: list[SampleRequest], size: int | None) -> list[list[S
     return chunks
 
 
-def _denoise(model: DiffusionModel, requests: list[SampleRequest], params: SamplingParams,
+def _denoise(model: DiffusionModel, requests: list[SampleRequest], cond: Conditioning, params: SamplingParams,
              trained_steps: list[int], debug: bool) -> list[Trajectory]:
+    """One microgroup's trajectories; `cond` is its samples' conditioning, row for row."""
     sigmas = sigmas_for(model, params)
     sigma_max = largest_sigma_below_one(sigmas)
     shape = model.latent_shape(params.height, params.width, params.num_frames)
@@ -74,26 +76,32 @@ def _denoise(model: DiffusionModel, requests: list[SampleRequest], params: Sampl
     scales = guidance_scales(model, params)
     trained = set(trained_steps)
 
-    cond: Conditioning = model.encode_prompts([r.prompt for r in requests], params.negative_prompt,
-                                              params.max_sequence_length)
-    # one generator per sample, drawn one by one: what keeps a sample's noise independent of the
-    # microgroup it lands in (a batched draw from one generator would depend on its neighbours)
-    generators = [torch.Generator().manual_seed(r.seed) for r in requests]
-    draw = lambda: torch.stack([torch.randn(shape, generator=g) for g in generators])  # noqa: E731
+    # sampling runs in inference mode (no autograd bookkeeping on any op); what leaves it below is
+    # copied outside it, so the trajectories are ordinary tensors a trainer can differentiate through
+    with torch.inference_mode():
+        # one generator per sample, drawn one by one: what keeps a sample's noise independent of the
+        # microgroup it lands in (a batched draw from one generator would depend on its neighbours)
+        generators = [torch.Generator().manual_seed(r.seed) for r in requests]
+        draw = lambda: torch.stack([torch.randn(shape, generator=g) for g in generators])  # noqa: E731
+        # a sample's draw k + 1 is step k's noise, drawn whether the step uses it or not, up to the
+        # last step that does: later draws would change nothing
+        last_noisy = max(trained, default=-1) if sde_type != "ode" else -1
+        no_log_prob = torch.zeros(len(requests))
 
-    x = model.initial_latents(draw(), sigmas)
-    latents, log_probs, outputs, experts, step_scales = [x], [], [], [], []
-    with torch.no_grad():
+        x = model.initial_latents(draw(), sigmas)
+        latents, log_probs, outputs, experts, step_scales = [x], [], [], [], []
         for k in range(params.num_steps):
             expert = model.expert_for_step(sigmas, k)
             v = model.velocity(x, sigmas[k], cond, scales[expert], expert).cpu()
-            noise = draw()
-            kind = sde_type if k in trained else "ode"
-            step = sde_step_on_host(x, v, sigmas[k], sigmas[k + 1], params.noise_level, kind, noise=noise,
-                                    sigma_max=sigma_max)
-            x = step.x_next
+            noise = draw() if k <= last_noisy else None
+            if k in trained and sde_type != "ode":
+                step = sde_step_on_host(x, v, sigmas[k], sigmas[k + 1], params.noise_level, sde_type, noise=noise,
+                                        sigma_max=sigma_max)
+                x, log_prob = step.x_next, step.log_prob
+            else:
+                x, log_prob = ode_step(x, v, sigmas[k], sigmas[k + 1]), no_log_prob
             latents.append(x)
-            log_probs.append(step.log_prob)
+            log_probs.append(log_prob)
             experts.append(expert)
             step_scales.append(scales[expert])
             if debug:
@@ -124,8 +132,17 @@ def generate(model: DiffusionModel, requests: list[SampleRequest], params: Sampl
     bad = [k for k in trained_steps if not 0 <= k < params.num_steps]
     if bad:
         raise ValueError(f"trained steps {bad} are outside [0, {params.num_steps})")
+    if not requests:
+        return []
+    # each distinct prompt encoded once for all its microgroups (a text is encoded alone, so its rows
+    # are the same bits whichever microgroup takes them)
+    prompts = list(dict.fromkeys(r.prompt for r in requests))
+    row_of = {p: i for i, p in enumerate(prompts)}
+    with torch.inference_mode():
+        encoded = model.encode_prompts(prompts, params.negative_prompt, params.max_sequence_length)
     by_id = {}
     for chunk in _microgroups(requests, params.microgroup_size):
-        for r, t in zip(chunk, _denoise(model, chunk, params, trained_steps, debug)):
+        cond = select_rows(encoded, [row_of[r.prompt] for r in chunk])
+        for r, t in zip(chunk, _denoise(model, chunk, cond, params, trained_steps, debug)):
             by_id[id(r)] = t
     return [by_id[id(r)] for r in requests]

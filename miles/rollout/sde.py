@@ -79,7 +79,7 @@ def sde_step(
     dt = s_next - s
 
     if sde_type == "ode":
-        mean = x + v * dt
+        mean = _euler(x, v, dt)
         std = torch.zeros_like(s)
         out = mean if x_next is None else x_next.float()
         std_t = _sde_std_dev_t(s, noise_level, sigma_max) if sigma_max is not None or bool((s < 1.0).all()) else None
@@ -110,6 +110,18 @@ def sde_step(
     else:
         log_density = -(diff**2)
     return StepResult(x_next, mean, std, _mean_over_non_batch(log_density), std_t)
+
+
+def _euler(x: torch.Tensor, v: torch.Tensor, dt: torch.Tensor) -> torch.Tensor:
+    return x + v * dt
+
+
+def ode_step(x: torch.Tensor, v: torch.Tensor, sigma: float, sigma_next: float) -> torch.Tensor:
+    """The next state of an ode step nobody records (no log-prob, no std): `sde_step(..., "ode")`'s
+    x_next bit for bit (the same fp32 dt, one elementwise multiply and add per element), at a fifth
+    of its cost, which the sampler pays at every untrained step."""
+    dt = torch.tensor(sigma_next, dtype=torch.float32) - torch.tensor(sigma, dtype=torch.float32)
+    return _euler(x.float(), v.float(), dt.to(x.device))
 
 
 def _sde_std_dev_t(s: torch.Tensor, noise_level: float, sigma_max: float | None) -> torch.Tensor:

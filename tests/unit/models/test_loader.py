@@ -18,7 +18,7 @@ def _inputs(model, batch=3, seed=0):
 
 
 def _assert_batch_and_autograd_invariant(model, expert=None):
-    """The same batch gives the same bits with or without autograd, the unconditional branch
+    """The same batch gives the same bits with or without autograd or in inference mode, the unconditional branch
     detached or not (the trainer recomputing the engine's forward). Each sample alone is a forward of
     another shape, whose kernels may block their float32 sums differently: equal to the
     pipeline-parity tolerance (1e-5 relative), the bound a reassociated sum of a few thousand
@@ -27,6 +27,9 @@ def _assert_batch_and_autograd_invariant(model, expert=None):
     sigma = torch.tensor([0.9, 0.5, 0.2])
     with torch.no_grad():
         rollout = model.velocity(x, sigma, cond, 4.0, expert)
+    with torch.inference_mode():  # how the engine samples
+        engine = model.velocity(x, sigma, cond, 4.0, expert)
+    assert torch.equal(rollout, engine)
     with torch.enable_grad():
         train = model.velocity(x, sigma, cond, 4.0, expert, detach_uncond=True)
         both = model.velocity(x, sigma, cond, 4.0, expert)
@@ -103,6 +106,36 @@ def test_load_weights_replaces_the_weights_used_by_velocity(tiny_checkpoint):
     state = {k: v + 0.01 for k, v in model.transformers["transformer"].state_dict().items()}
     model.load_weights("transformer", state)
     assert not torch.equal(before, model.velocity(x, 0.5, cond, 4.0))
+
+
+def _text_encoder_calls(model, run):
+    calls = []
+    hook = model.text_encoders["text_encoder"].register_forward_hook(lambda *_: calls.append(1))
+    try:
+        return run(), len(calls)
+    finally:
+        hook.remove()
+
+
+def test_the_negative_prompt_is_encoded_once_until_the_text_encoder_changes(tiny_checkpoint):
+    """A run's negative prompt is the same in every call: encoded once and kept, with the bits a
+    fresh encoding gives, and encoded again once a weight load changes the text encoder."""
+    model = load_model(tiny_checkpoint("sd3"))
+    fresh = load_model(tiny_checkpoint("sd3"))
+    first, calls_first = _text_encoder_calls(model, lambda: model.encode_prompts(["a cat", "a cat"], "blurry"))
+    again, calls_again = _text_encoder_calls(model, lambda: model.encode_prompts(["a dog"], "blurry"))
+    assert (calls_first, calls_again) == (2, 1)  # each distinct text once; the kept negative not again
+    expected = fresh.encode_prompts(["a dog"], "blurry")
+    for k, v in expected.negative.items():
+        assert torch.equal(first.negative[k][1:], v) and torch.equal(again.negative[k], v)
+
+    state = {k: v + 0.01 for k, v in model.text_encoders["text_encoder"].state_dict().items() if v.is_floating_point()}
+    model.load_weights("text_encoder", state)
+    fresh.load_weights("text_encoder", state)
+    changed, calls_changed = _text_encoder_calls(model, lambda: model.encode_prompts(["a dog"], "blurry"))
+    assert calls_changed == 2
+    for k, v in fresh.encode_prompts(["a dog"], "blurry").negative.items():
+        assert torch.equal(changed.negative[k], v) and not torch.equal(v, expected.negative[k])
 
 
 @pytest.mark.parametrize("family", FAMILY_NAMES)

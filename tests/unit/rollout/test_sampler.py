@@ -86,6 +86,27 @@ def test_steps_outside_the_trained_set_run_as_ode(model_of):
     assert torch.equal(t.latents[1], t.latents[0] + t.model_outputs[0] * (s[1] - s[0]))
 
 
+def test_trajectories_are_ordinary_tensors_a_trainer_can_differentiate_through(model_of):
+    """The engine samples in inference mode; what it returns must still enter autograd (a
+    colocated or local trainer receives the tensors themselves, not a pickled copy)."""
+    model = model_of("sd3")
+    (t,) = sampler.generate(model, _requests(1), _params(model), trained_steps=[1], debug=True)
+    tensors = [t.latents, t.log_probs, t.image, t.model_outputs, t.sigmas,
+               *t.cond.positive.values(), *t.cond.negative.values()]
+    assert not any(x.is_inference() for x in tensors)
+    weight = torch.ones((), requires_grad=True)
+    sum((weight * x.float()).sum() for x in tensors).backward()
+    assert weight.grad is not None
+
+
+def test_a_samples_steps_do_not_depend_on_which_later_steps_are_trained(model_of):
+    """A sample's draw k + 1 is step k's noise however many draws the run needs after it."""
+    model = model_of("sd3")
+    (short,) = sampler.generate(model, _requests(1), _params(model), trained_steps=[1])
+    (long,) = sampler.generate(model, _requests(1), _params(model), trained_steps=[1, 3])
+    assert torch.equal(short.latents[:4], long.latents[:4]) and not torch.equal(short.latents[4], long.latents[4])
+
+
 def test_a_sample_is_the_same_whatever_the_engine_split_or_the_order_of_prompts(model_of):
     """An engine receives whole prompts; its microgroups, and so its samples' bits, do not depend on
     which other prompts it got or in which order."""
@@ -122,6 +143,20 @@ def test_microgroup_size_is_the_batch_of_every_forward(model_of, microgroup_size
     batches = _forward_batches(model, lambda: sampler.generate(model, _requests(4), params, trained_steps=[0]))
     microgroups = 4 // (batch // 2)
     assert batches == [batch] * (params.num_steps * microgroups)
+
+
+def test_each_distinct_text_is_encoded_once_per_call_whatever_the_microgroups(model_of):
+    """Four microgroups of one sample over two prompts: two prompt encodings and one of the negative
+    prompt, not one of each per microgroup."""
+    model = model_of("sd3")
+    params = _params(model, microgroup_size=1, negative_prompt="grainy, seen by this test only")
+    calls = []
+    hook = model.text_encoders["text_encoder"].register_forward_hook(lambda *_: calls.append(1))
+    try:
+        trajectories = sampler.generate(model, _requests(4), params, trained_steps=[0])
+    finally:
+        hook.remove()
+    assert len(calls) == 3 and len(trajectories) == 4
 
 
 def test_microgroups_never_mix_prompt_groups():

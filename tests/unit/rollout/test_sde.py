@@ -7,7 +7,7 @@ import pickle
 import pytest
 import torch
 
-from miles.rollout.sde import SDE_TYPES, largest_sigma_below_one, sde_step, sde_step_on_host
+from miles.rollout.sde import SDE_TYPES, largest_sigma_below_one, ode_step, sde_step, sde_step_on_host
 from miles.rollout.types import Conditioning, Trajectory
 
 
@@ -59,6 +59,16 @@ def test_ode_step_is_euler_and_ignores_noise():
     r = sde_step(_one(0.5), _one(-0.2), 0.6, 0.4, 0.7, "ode", noise=_one(10.0))
     assert r.x_next.item() == pytest.approx(0.5 + -0.2 * (0.4 - 0.6))
     assert r.log_prob.item() == 0.0
+
+
+def test_the_unrecorded_ode_step_equals_the_recorded_one_bit_for_bit():
+    """The sampler's untrained steps go through `ode_step`; the trainer and the stored latents know
+    `sde_step`'s ode. Both are one fp32 multiply and one add per element with the same fp32 dt,
+    each exactly rounded, so equal bits are required on any CPU."""
+    g = torch.Generator().manual_seed(3)
+    x, v = torch.randn(3, 4, 8, 8, generator=g), torch.randn(3, 4, 8, 8, generator=g)
+    for sigma, sigma_next in [(1.0, 0.93), (0.6172, 0.4011), (0.1, 0.0)]:
+        assert torch.equal(ode_step(x, v, sigma, sigma_next), sde_step(x, v, sigma, sigma_next, 0.7, "ode").x_next)
 
 
 def test_cps_step_matches_hand_computed_values():
