@@ -214,8 +214,8 @@ class DiffusionModel:
         """The negative prompts' encodings at this length, emptied whenever a text encoder's weights
         changed (a load or a bucketed sync copies in place, which bumps each tensor's version; a
         LoRA injection adds tensors)."""
-        params = [p for m in self.text_encoders.values() for p in m.parameters()]
-        weights = (len(params), sum(p._version for p in params))
+        # each tensor's identity and version: a replaced tensor or an in-place write both show
+        weights = tuple((id(p), p._version) for m in self.text_encoders.values() for p in m.parameters())
         if getattr(self, "_negatives_weights", None) != weights:
             self._negatives_weights, self._negatives = weights, {}
         return self._negatives.setdefault(length, {})
