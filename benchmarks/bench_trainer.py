@@ -18,6 +18,7 @@ measurement beside its own.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import gc
 import os
@@ -152,9 +153,10 @@ def measure(work: Path, rounds: int) -> TrainerTimes:
     batch = make_batch(args)
     plain = PlainLoop(args)
 
-    os.environ.update(WORKER_PRIORITY_ENV)  # the actor at the priority the launcher's nodes give it
     t0 = time.perf_counter()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _temp_dir=tempfile.mkdtemp(prefix="br", dir="/tmp"))
+    with environ_set(WORKER_PRIORITY_ENV):  # the actor at the priority the launcher's nodes give it
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+                 _temp_dir=tempfile.mkdtemp(prefix="br", dir="/tmp"))
     t_cluster = time.perf_counter() - t0
     placement = PlacementPlan([{"CPU": 1.0}], [Slot(0, 1.0, 0.0)])
     pg = create_placement_group(placement)
@@ -171,7 +173,7 @@ def measure(work: Path, rounds: int) -> TrainerTimes:
                 if leg == "plain":
                     times.pairs, loss = plain.train(batch)
                 else:
-                    # as the driver hands a rollout over (train_diffusion.py): the batch itself, not a ref put beforehand
+                    # as the driver hands a rollout over (train_diffusion.py): the batch, not a ref put before
                     result = group.train(batch)[0]
                 legs[leg] = time.perf_counter() - start
             if round_index == 0:
@@ -185,6 +187,22 @@ def measure(work: Path, rounds: int) -> TrainerTimes:
         group.shutdown()
         ray.shutdown()
     return times
+
+
+@contextlib.contextmanager
+def environ_set(values: dict[str, str]):
+    """`values` in this process's environment while the cluster starts (its raylet reads them
+    then), restored after: whatever this process starts later sees the shell's environment."""
+    before = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def niceness() -> int:
