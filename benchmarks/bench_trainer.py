@@ -11,8 +11,10 @@ rollout's tiles (a microgroup's samples at one step), so the first step's loss i
 bit, which the report checks. Rounds alternate between the two, the order swapped each round, so
 a busy machine slows both alike; the medians are compared. The process is pinned as a CPU run's
 processes are (miles.utils.numerics), before torch loads; the actor inherits the pins through the
-cluster. Ray start-up (cluster, actor, model load) is reported apart. `benchmarks/bench_sampling.py` runs the same
-measurement beside its own.
+cluster, and runs at the priority the launcher's nodes give their workers (niceness 0, not Ray's
+15: a niced actor loses the CPU to any other process and the ratio measures the machine's load).
+Ray start-up (cluster, actor, model load) is reported apart. `benchmarks/bench_sampling.py` runs
+the same measurement beside its own.
 """
 
 from __future__ import annotations
