@@ -24,6 +24,7 @@ import contextlib
 import dataclasses
 import gc
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -156,9 +157,9 @@ def measure(work: Path, rounds: int) -> TrainerTimes:
     plain = PlainLoop(args)
 
     t0 = time.perf_counter()
+    ray_temp = tempfile.mkdtemp(prefix="br", dir="/tmp")  # short: Ray's socket paths live under it
     with environ_set(WORKER_PRIORITY_ENV):  # the actor at the priority the launcher's nodes give it
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-                 _temp_dir=tempfile.mkdtemp(prefix="br", dir="/tmp"))
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _temp_dir=ray_temp)
     t_cluster = time.perf_counter() - t0
     placement = PlacementPlan([{"CPU": 1.0}], [Slot(0, 1.0, 0.0)])
     pg = create_placement_group(placement)
@@ -188,6 +189,7 @@ def measure(work: Path, rounds: int) -> TrainerTimes:
     finally:
         group.shutdown()
         ray.shutdown()
+        shutil.rmtree(ray_temp, ignore_errors=True)  # Ray leaves its session logs behind
     return times
 
 
