@@ -1,29 +1,41 @@
 """Training pairs per second: the Ray trainer against a plain single-process loop.
 
-    python3 benchmarks/bench_trainer.py [--rounds 5] [--workdir DIR]
+    python3 benchmarks/bench_trainer.py [--rounds 7] [--workdir DIR]
 
 Both train the same tiny sd3 model on the same rollout batch with one CPU thread: the plain loop
 is velocity -> SDE log-prob -> Flow-GRPO loss -> backward -> AdamW written out in this file; the
 Ray trainer is one `TrainActor` of `TrainActorGroup`, handed the batch as train_diffusion.py hands
 it (the object, put and shipped by the group), timed both from the driver (round trip: the
-hand-off and the result counted) and inside the actor (the training step alone). Rounds alternate
-between the two so a busy machine slows both alike; the medians are compared. Ray start-up
-(cluster, actor, model load) is reported apart. `benchmarks/bench_sampling.py` runs the same
-measurement beside its own.
+hand-off and the result counted) and inside the actor (the training step alone). Both forward the
+rollout's tiles (a microgroup's samples at one step), so the first step's loss is the same to the
+bit, which the report checks. Rounds alternate between the two, the order swapped each round, so
+a busy machine slows both alike; the medians are compared. The process is pinned as a CPU run's
+processes are (miles.utils.numerics), before torch loads; the actor inherits the pins through the
+cluster, and runs at the priority the launcher's nodes give their workers (niceness 0, not Ray's
+15: a niced actor loses the CPU to any other process and the ratio measures the machine's load).
+Ray start-up (cluster, actor, model load) is reported apart. `benchmarks/bench_sampling.py` runs
+the same measurement beside its own.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import gc
 import os
+import shutil
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import torch
+from miles.utils.numerics import pin_this_process
+
+pin_this_process()  # before torch loads, as in every process of a CPU run
+
+import torch  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 FLAGS = ("--rollout-batch-size 4 --n-samples-per-prompt 8 --diffusion-height 64 --diffusion-width 64 "
@@ -43,46 +55,63 @@ def make_batch(args):
     return dataclasses.replace(batch, trajectories=without_images(batch.trajectories))
 
 
+def rollout_tiles(batch, microgroup_size: int) -> list[list[tuple[int, int]]]:
+    """The trainer's forwards (miles.utils.batching.rank_schedule, one rank): a microgroup's samples
+    at one step, in order, microgroups in sample order and each one's trained steps in turn."""
+    samples = len(batch.trajectories)
+    return [[(i, k) for i in range(group, group + microgroup_size)]
+            for group in range(0, samples, microgroup_size) for k in batch.trained_steps]
+
+
 class PlainLoop:
-    """The same training step with nothing around it: no Ray, no plan, no metrics."""
+    """The same training step with nothing around it: no Ray, no plan, no metrics. It forwards the
+    trainer's tiles (a different batch size would be different work) and weights each tile's loss
+    by its share of the pairs the loss keeps, as the trainer does, so the first step's loss equals
+    the Ray trainer's bit for bit (`measure` checks it)."""
 
     def __init__(self, args):
+        from miles.backends.optimizer import build_optimizer
         from miles.models.loader import load_model
 
         self.args = args
         self.model = load_model(args.hf_checkpoint)
         self.transformer = self.model.transformers["transformer"].requires_grad_(True)
-        self.optimizer = torch.optim.AdamW(self.transformer.parameters(), lr=args.lr, foreach=False)
+        self.optimizer = build_optimizer(list(self.transformer.parameters()), args)
 
-    def train(self, batch) -> int:
-        from miles.backends.loss import PolicyLossInputs, policy_loss
+    def train(self, batch) -> tuple[int, float]:
+        """One optimizer step over the batch's pairs: (pairs trained, the loss)."""
+        from miles.backends.loss import PolicyLossInputs, policy_loss, trained_pairs_mask
         from miles.rollout.sde import largest_sigma_below_one, sde_step
         from miles.rollout.types import Conditioning
 
-        pairs = [(i, k) for i in range(len(batch.trajectories)) for k in batch.trained_steps]
-        size = self.args.micro_batch_size
-        for start in range(0, len(pairs), size):
-            chunk = pairs[start:start + size]
-            trajs = [batch.trajectories[i] for i, _ in chunk]
-            x = torch.stack([t.latents[k] for t, (_, k) in zip(trajs, chunk)])
-            x_next = torch.stack([t.latents[k + 1] for t, (_, k) in zip(trajs, chunk)])
-            sigma = torch.stack([t.sigmas[k] for t, (_, k) in zip(trajs, chunk)])
-            sigma_next = torch.stack([t.sigmas[k + 1] for t, (_, k) in zip(trajs, chunk)])
+        tiles = rollout_tiles(batch, self.args.rollout_microgroup_size)
+        keeps = [trained_pairs_mask(torch.tensor([batch.advantages[i] for i, _ in tile]), False) for tile in tiles]
+        kept = sum(int(keep.sum()) for keep in keeps)
+        total = 0.0
+        for tile, keep in zip(tiles, keeps):
+            trajs = [batch.trajectories[i] for i, _ in tile]
+            k = tile[0][1]
+            x = torch.stack([t.latents[k] for t in trajs])
+            x_next = torch.stack([t.latents[k + 1] for t in trajs])
+            sigma = torch.stack([t.sigmas[k] for t in trajs])
+            sigma_next = torch.stack([t.sigmas[k + 1] for t in trajs])
             # the unconditional branch without gradient, as the trainer runs it (flow_grpo's default)
-            v = self.model.velocity(x, sigma, Conditioning.cat([t.cond for t in trajs]),
-                                    trajs[0].guidance_scales[chunk[0][1]], "transformer",
-                                    detach_uncond=not self.args.train_uncond_branch)
+            v = self.model.velocity(x, sigma, Conditioning.cat([t.cond for t in trajs]), trajs[0].guidance_scales[k],
+                                    "transformer", detach_uncond=not self.args.train_uncond_branch)
             step = sde_step(x, v, sigma, sigma_next, trajs[0].noise_level, trajs[0].sde_type, x_next=x_next,
                             sigma_max=largest_sigma_below_one(trajs[0].sigmas.tolist()))
-            old = torch.stack([t.log_probs[k] for t, (_, k) in zip(trajs, chunk)])
-            adv = torch.tensor([batch.advantages[i] for i, _ in chunk])
-            loss, _ = policy_loss(PolicyLossInputs(step.log_prob, old, adv, step.mean, step.std),
+            old = torch.stack([t.log_probs[k] for t in trajs])
+            adv = torch.tensor([batch.advantages[i] for i, _ in tile])
+            loss, _ = policy_loss(PolicyLossInputs(step.log_prob, old, adv, step.mean, step.std,
+                                                   std_dev_t=step.std_dev_t, keep=keep),
                                   clip_range=self.args.diffusion_clip_range)
-            (loss * len(chunk) / len(pairs)).backward()
-        torch.nn.utils.clip_grad_norm_(self.transformer.parameters(), self.args.clip_grad)
+            share = int(keep.sum()) / kept if kept else 0.0
+            (loss * share).backward()
+            total += float(loss.detach()) * share
+        torch.nn.utils.clip_grad_norm_(self.transformer.parameters(), self.args.clip_grad, foreach=False)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return len(pairs)
+        return sum(len(tile) for tile in tiles), total
 
 
 @dataclasses.dataclass
@@ -90,12 +119,16 @@ class TrainerTimes:
     """Seconds per training step, round by round (the warm-up round left out)."""
 
     pairs: int
-    micro_batch_size: int
+    microgroup_size: int
     plain: list[float]
     ray_round_trip: list[float]
     ray_step: list[float]  # timed inside the actor
     cluster_start: float
     actor_start: float
+    first_loss: tuple[float, float] = (0.0, 0.0)  # plain, Ray: the warm-up step's, from the same weights
+    put: list[float] = dataclasses.field(default_factory=list)  # ray.put of the batch (its pickling)
+    batch_bytes: int = 0
+    worker_niceness: int = 0  # a Ray worker's on this cluster (the plain loop runs at the shell's)
 
     def ratio(self, times: list[float]) -> float:
         """Ray rate / plain rate from the medians."""
@@ -103,7 +136,9 @@ class TrainerTimes:
 
 
 def measure(work: Path, rounds: int) -> TrainerTimes:
-    """`rounds` timed rounds of the plain loop and the Ray trainer, alternating, after a warm-up."""
+    """`rounds` timed pairs of a plain step and a Ray step after a warm-up pair, the order
+    alternating from pair to pair (whatever runs second never always meets a warmer cache or a
+    fuller heap), the garbage collected before each step."""
     import ray
 
     from miles.models.runtime import CPU_THREADS_PER_ACTOR, configure_torch
@@ -112,6 +147,7 @@ def measure(work: Path, rounds: int) -> TrainerTimes:
     from miles.ray.placement import PlacementPlan, Slot, create_placement_group
     from miles.ray.train_actor_group import TrainActorGroup
     from miles.utils.arguments import parse_and_plan
+    from miles.utils.external_utils.ray_cluster import WORKER_PRIORITY_ENV
 
     checkpoint = ensure_checkpoint("sd3", "tiny", 0, work)
     prompts = ensure_prompt_file("tiny", work / "prompts.jsonl", num_prompts=16)
@@ -121,43 +157,95 @@ def measure(work: Path, rounds: int) -> TrainerTimes:
     plain = PlainLoop(args)
 
     t0 = time.perf_counter()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _temp_dir=tempfile.mkdtemp(prefix="br", dir="/tmp"))
+    ray_temp = tempfile.mkdtemp(prefix="br", dir="/tmp")  # short: Ray's socket paths live under it
+    with environ_set(WORKER_PRIORITY_ENV):  # the actor at the priority the launcher's nodes give it
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _temp_dir=ray_temp)
     t_cluster = time.perf_counter() - t0
     placement = PlacementPlan([{"CPU": 1.0}], [Slot(0, 1.0, 0.0)])
     pg = create_placement_group(placement)
     group = TrainActorGroup(args, plan, placement, pg).wait_ready()
     t_actor = time.perf_counter() - t0 - t_cluster
-    # as the driver hands a rollout over (train_diffusion.py): the batch itself, not a ref put beforehand
-    times = TrainerTimes(0, args.micro_batch_size, [], [], [], t_cluster, t_actor)
+    times = TrainerTimes(0, args.rollout_microgroup_size, [], [], [], t_cluster, t_actor)
     try:
+        times.worker_niceness = ray.get(ray.remote(num_cpus=0)(niceness).remote())
         for round_index in range(rounds + 1):  # round 0 warms both up
-            start = time.perf_counter()
-            times.pairs = plain.train(batch)
-            plain_time = time.perf_counter() - start
-            start = time.perf_counter()
-            result = group.train(batch)[0]
-            ray_time = time.perf_counter() - start
-            if round_index:
-                times.plain.append(plain_time)
-                times.ray_round_trip.append(ray_time)
-                times.ray_step.append(result.metrics["perf/train_time"])
+            legs = {}
+            for leg in ("plain", "ray") if round_index % 2 == 0 else ("ray", "plain"):
+                gc.collect()
+                start = time.perf_counter()
+                if leg == "plain":
+                    times.pairs, loss = plain.train(batch)
+                else:
+                    # as the driver hands a rollout over (train_diffusion.py): the batch, not a ref put before
+                    result = group.train(batch)[0]
+                legs[leg] = time.perf_counter() - start
+            if round_index == 0:
+                times.first_loss = (loss, result.metrics["train/loss"])
+                continue
+            times.plain.append(legs["plain"])
+            times.ray_round_trip.append(legs["ray"])
+            times.ray_step.append(result.metrics["perf/train_time"])
+        times.put, times.batch_bytes = time_put(batch, rounds)
     finally:
         group.shutdown()
         ray.shutdown()
+        shutil.rmtree(ray_temp, ignore_errors=True)  # Ray leaves its session logs behind
     return times
+
+
+@contextlib.contextmanager
+def environ_set(values: dict[str, str]):
+    """`values` in this process's environment while the cluster starts (its raylet reads them
+    then), restored after: whatever this process starts later sees the shell's environment."""
+    before = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def niceness() -> int:
+    return os.nice(0)
+
+
+def time_put(batch, rounds: int) -> tuple[list[float], int]:
+    """The hand-off's driver side alone: `ray.put` of the batch (pickling and the store write)."""
+    import pickle
+
+    import ray
+
+    puts = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        ref = ray.put(batch)
+        puts.append(time.perf_counter() - start)
+        del ref
+    return puts, len(pickle.dumps(batch, protocol=5))
 
 
 def report(times: TrainerTimes) -> None:
     rate = lambda ts: times.pairs / statistics.median(ts)  # noqa: E731
     show = lambda ts: ", ".join(f"{t:.2f}s" for t in ts)  # noqa: E731
     rounds = len(times.plain)
-    print(f"pairs per training step       {times.pairs} (tiny sd3, 64x64, micro-batch {times.micro_batch_size}, "
-          f"1 CPU thread)")
+    print(f"pairs per training step       {times.pairs} (tiny sd3, 64x64, forwards of {times.microgroup_size} samples "
+          f"at one step as the rollout made them, 1 CPU thread, pinned numerics)")
+    plain_loss, ray_loss = times.first_loss
+    same = "the same" if plain_loss == ray_loss else "DIFFERENT: the two legs do not do the same work"
+    print(f"Ray worker niceness           {times.worker_niceness} (this process: {os.nice(0)})")
+    print(f"first step's loss             plain {plain_loss:.9g}, Ray {ray_loss:.9g}: {same}")
     print(f"plain single-process loop     {rate(times.plain):8.1f} pairs/s  (median of {rounds}: {show(times.plain)})")
     print(f"Ray trainer (1 rank)          {rate(times.ray_round_trip):8.1f} pairs/s  (median of {rounds}: "
           f"{show(times.ray_round_trip)})")
     print(f"  of which the training step  {rate(times.ray_step):8.1f} pairs/s  (timed inside the actor: "
           f"{show(times.ray_step)})")
+    hand_off = [r - t for r, t in zip(times.ray_round_trip, times.ray_step)]
+    print(f"  hand-off and return         {1e3 * statistics.median(hand_off):8.1f} ms  (round trip - step; of which "
+          f"ray.put of the {times.batch_bytes / 1e6:.2f} MB batch {1e3 * statistics.median(times.put):.1f} ms)")
     print(f"ratio Ray / plain, round trip {times.ratio(times.ray_round_trip):8.3f}  (target >= 0.95)")
     print(f"ratio Ray / plain, train step {times.ratio(times.ray_step):8.3f}  (target >= 0.95)")
     print(f"Ray start-up, not in the rate {times.cluster_start:8.1f}s cluster + {times.actor_start:.1f}s train actor "
@@ -166,12 +254,12 @@ def report(times: TrainerTimes) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=5, help="timed rounds of each, after one warm-up")
+    parser.add_argument("--rounds", type=int, default=7, help="timed pairs of steps, after one warm-up pair")
     parser.add_argument("--workdir", default=None, help="where the tiny checkpoint and prompts go (default: a temp dir)")
     opts = parser.parse_args()
-    print(f"load average before: {os.getloadavg()[0]:.2f}")
+    print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     report(measure(Path(opts.workdir or tempfile.mkdtemp(prefix="bench_trainer_")), opts.rounds))
-    print(f"load average after:  {os.getloadavg()[0]:.2f}")
+    print(f"load average after:  {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 
 if __name__ == "__main__":

@@ -129,10 +129,28 @@ def ray_start_env(base: dict[str, str], cuda_visible_devices: str | None) -> dic
     # Ray turns token auth on by itself when some earlier command left ~/.ray/auth_token behind;
     # our own client then fails with 'Missing authentication token'. Opting in stays possible.
     env.setdefault("RAY_AUTH_MODE", "disabled")
+    for name, value in {**WORKER_PRIORITY_ENV, **NO_PRESTARTED_WORKERS_ENV}.items():
+        env.setdefault(name, value)
     env.update(SLOW_MACHINE_TIMEOUTS)
     if cuda_visible_devices:
         env["CUDA_VISIBLE_DEVICES"] = cuda_visible_devices
     return env
+
+
+# Ray starts its worker processes at niceness 15, so that its own daemons win the CPU from them. In
+# a training job the workers are the job (train ranks, engines, reward workers: the driver, at 0,
+# mostly waits on them), and a niced rank loses nearly all of its CPU to any process at normal
+# priority that wants the same core: on a shared 2-core machine the Ray train step measured 0.91
+# of the same step in a plain process (benchmarks/bench_trainer.py), at 0 the same. Our nodes
+# start their workers at normal priority; a caller's own RAY_worker_niceness still wins.
+WORKER_PRIORITY_ENV = {"RAY_worker_niceness": "0"}
+
+# Ray starts a worker per CPU ahead of demand when the first driver connects (on our head: the job
+# server's, at submission). Those workers carry no runtime env, and every process of our job does
+# (the job's env vars), so Ray never hands them an actor: on the tiny CPU run they were two idle
+# processes importing Ray beside the job supervisor and the driver, and a node with 100 CPUs
+# would start 100. Our nodes start a worker when an actor or task asks for one.
+NO_PRESTARTED_WORKERS_ENV = {"RAY_prestart_worker_first_driver": "0", "RAY_enable_worker_prestart": "0"}
 
 
 # A node starts about fifteen Python processes (the dashboard runs each of its nine modules as

@@ -51,6 +51,16 @@ def test_cuda_visible_devices_goes_into_ray_starts_own_environment():
     assert env["CUDA_VISIBLE_DEVICES"] == "0,1" and "RAY_ADDRESS" not in env
 
 
+def test_our_nodes_start_their_workers_at_normal_priority_unless_the_caller_set_one():
+    assert ray_start_env({"PATH": "/bin"}, None)["RAY_worker_niceness"] == "0"
+    assert ray_start_env({"RAY_worker_niceness": "5"}, None)["RAY_worker_niceness"] == "5"
+
+
+def test_our_nodes_prestart_no_worker_the_job_could_never_use():
+    env = ray_start_env({"PATH": "/bin"}, None)
+    assert env["RAY_prestart_worker_first_driver"] == env["RAY_enable_worker_prestart"] == "0"
+
+
 def test_joining_node_points_at_the_head_and_is_not_a_head():
     spec = RayNodeSpec("127.0.0.1", RayPorts.allocate(), "/tmp/mray-y", 0, 1, head_address="127.0.0.1:6399")
     command = ray_start_command(spec)

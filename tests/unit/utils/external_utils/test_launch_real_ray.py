@@ -25,6 +25,15 @@ TINY_TRAIN = textwrap.dedent("""
 """)
 
 
+# ... and a Ray task's priority: the workers of our nodes run at niceness 0, not Ray's 15
+# (ray_cluster.WORKER_PRIORITY_ENV)
+PRIORITY_TRAIN = TINY_TRAIN + textwrap.dedent("""
+    import ray
+    ray.init()
+    print("a Ray worker's niceness:", ray.get(ray.remote(lambda: os.nice(0)).remote()))
+""")
+
+
 @pytest.fixture
 def train_script(tmp_path):
     path = tmp_path / "tiny_train.py"
@@ -132,7 +141,9 @@ def test_train_role_waits_for_a_worker_node_a_failed_job_exits_non_zero_and_no_s
 
 
 @pytest.mark.timeout(300)
-def test_successful_job_exits_0_key_reaches_job_and_cluster_is_ended(tmp_path, train_script):
+def test_successful_job_exits_0_key_reaches_job_its_workers_run_at_normal_priority_and_cluster_is_ended(tmp_path):
+    train_script = tmp_path / "priority_train.py"
+    train_script.write_text(PRIORITY_TRAIN)
     out, log_path = tmp_path / "out", tmp_path / "train.log"
     train = _start(["train", "--output-dir", str(out), "--run-id", "r2", "--train-script", str(train_script),
                     "--extra-args", "--diffusion-kl-beta 0.02"], log_path, WANDB_API_KEY=SECRET)
@@ -140,6 +151,7 @@ def test_successful_job_exits_0_key_reaches_job_and_cluster_is_ended(tmp_path, t
         assert train.wait(timeout=240) == 0, log_path.read_text()[-3000:]
         log = log_path.read_text()
         assert "wandb key reached the job: True" in log
+        assert "a Ray worker's niceness: 0" in log
         # Ray's banner (and its `ray stop` advice) stays in the launcher's log; the last line says where results are
         assert "ray stop" not in log and "Local node IP" not in log
         assert log.strip().splitlines()[-1].startswith(f"results: run dir {out / 'r2'}")
