@@ -20,7 +20,6 @@ the same measurement beside its own.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import gc
 import os
@@ -30,6 +29,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from unittest import mock
 
 from miles.utils.numerics import pin_this_process
 
@@ -55,12 +55,13 @@ def make_batch(args):
     return dataclasses.replace(batch, trajectories=without_images(batch.trajectories))
 
 
-def rollout_tiles(batch, microgroup_size: int) -> list[list[tuple[int, int]]]:
-    """The trainer's forwards (miles.utils.batching.rank_schedule, one rank): a microgroup's samples
-    at one step, in order, microgroups in sample order and each one's trained steps in turn."""
-    samples = len(batch.trajectories)
-    return [[(i, k) for i in range(group, group + microgroup_size)]
-            for group in range(0, samples, microgroup_size) for k in batch.trained_steps]
+def rollout_tiles(plan, batch) -> list[list[tuple[int, int]]]:
+    """The trainer's forwards on one rank, in its order (miles.utils.batching.rank_schedule): a
+    microgroup's samples at one step; (sample, step) pairs."""
+    from miles.utils.batching import rank_schedule
+
+    return [[(pair.sample, pair.step) for pair in forward]
+            for step in rank_schedule(plan, batch.trained_steps, 0) for forward in step]
 
 
 class PlainLoop:
@@ -69,11 +70,11 @@ class PlainLoop:
     by its share of the pairs the loss keeps, as the trainer does, so the first step's loss equals
     the Ray trainer's bit for bit (`measure` checks it)."""
 
-    def __init__(self, args):
+    def __init__(self, args, plan):
         from miles.backends.optimizer import build_optimizer
         from miles.models.loader import load_model
 
-        self.args = args
+        self.args, self.plan = args, plan
         self.model = load_model(args.hf_checkpoint)
         self.transformer = self.model.transformers["transformer"].requires_grad_(True)
         self.optimizer = build_optimizer(list(self.transformer.parameters()), args)
@@ -84,7 +85,7 @@ class PlainLoop:
         from miles.rollout.sde import largest_sigma_below_one, sde_step
         from miles.rollout.types import Conditioning
 
-        tiles = rollout_tiles(batch, self.args.rollout_microgroup_size)
+        tiles = rollout_tiles(self.plan, batch)
         keeps = [trained_pairs_mask(torch.tensor([batch.advantages[i] for i, _ in tile]), False) for tile in tiles]
         kept = sum(int(keep.sum()) for keep in keeps)
         total = 0.0
@@ -154,11 +155,13 @@ def measure(work: Path, rounds: int) -> TrainerTimes:
     args, plan = parse_and_plan(f"--hf-checkpoint {checkpoint} --prompt-data {prompts} {FLAGS}".split())
     configure_torch(num_threads=CPU_THREADS_PER_ACTOR)
     batch = make_batch(args)
-    plain = PlainLoop(args)
+    plain = PlainLoop(args, plan)
 
     t0 = time.perf_counter()
     ray_temp = tempfile.mkdtemp(prefix="br", dir="/tmp")  # short: Ray's socket paths live under it
-    with environ_set(WORKER_PRIORITY_ENV):  # the actor at the priority the launcher's nodes give it
+    # the actor at the priority the launcher's nodes give it; the shell's environment again after
+    # the cluster started (its raylet read it then), for whatever this process starts later
+    with mock.patch.dict(os.environ, WORKER_PRIORITY_ENV):
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _temp_dir=ray_temp)
     t_cluster = time.perf_counter() - t0
     placement = PlacementPlan([{"CPU": 1.0}], [Slot(0, 1.0, 0.0)])
@@ -191,22 +194,6 @@ def measure(work: Path, rounds: int) -> TrainerTimes:
         ray.shutdown()
         shutil.rmtree(ray_temp, ignore_errors=True)  # Ray leaves its session logs behind
     return times
-
-
-@contextlib.contextmanager
-def environ_set(values: dict[str, str]):
-    """`values` in this process's environment while the cluster starts (its raylet reads them
-    then), restored after: whatever this process starts later sees the shell's environment."""
-    before = {name: os.environ.get(name) for name in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for name, value in before.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 def niceness() -> int:
