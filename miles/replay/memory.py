@@ -35,6 +35,8 @@ from torch.distributed.tensor import DTensor as _DTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map
 
+from miles.replay.meta_outputs import META_OUTPUTS, is_view
+
 HOST = "host"
 UNPLACED = "meta in the real run"  # what the real run itself builds on meta: no bytes anywhere
 _FSDP_FILES = ("/torch/distributed/fsdp/", "/torch/distributed/_composable/")
@@ -281,7 +283,7 @@ class _Mode(TorchDispatchMode):
         kwargs = dict(kwargs or {})
         if func is torch.ops.aten._local_scalar_dense.default and args[0].device.type == "meta":
             return False if args[0].dtype == torch.bool else 0 if not args[0].is_floating_point() else 0.0
-        if _is_view(func):  # most ops the code runs: no new storage unless its input was never seen
+        if is_view(func):  # most ops the code runs: no new storage unless its input was never seen
             out = func(*args, **kwargs)
             self._charge_new(out, func, lambda: self._place_of(_metas(args, kwargs), kwargs))
             return out
@@ -297,7 +299,7 @@ class _Mode(TorchDispatchMode):
             # set_ swaps its input's storage: where the inputs were is read before it runs
             known = self._input_places(metas) if func.overloadpacket is _SET else None
             where = lambda: self._place_of(metas, kwargs, known)  # noqa: E731
-        out = _META_OUTPUTS.run(func, args, kwargs)
+        out = META_OUTPUTS.run(func, args, kwargs)
         self._charge_new(out, func, where)
         return out
 
@@ -342,160 +344,7 @@ class _Mode(TorchDispatchMode):
         return HOST if HOST in places else UNPLACED
 
 
-_VIEWS: dict = {}
-
-
-def _is_view(func) -> bool:
-    """Whether an op only makes views of its inputs (its outputs alias them, nothing is written)."""
-    view = _VIEWS.get(func)
-    if view is None:
-        schema = func._schema
-        view = _VIEWS[func] = bool(schema.returns) and all(
-            r.alias_info is not None and not r.alias_info.is_write for r in schema.returns) and not any(
-            a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
-    return view
-
-
 _SET = torch.ops.aten.set_
-_META = torch.device("meta")
-# in-place ops that fill a tensor (a module's initialization): no shape or storage changes
-_INITIALIZERS = {"uniform_", "normal_", "zero_", "fill_", "copy_", "bernoulli_", "exponential_", "random_"}
-
-
-class _MetaOutputs:
-    """What a functional op makes from meta inputs depends on their shapes, strides and dtypes and
-    on its other arguments only, and torch computes it in Python for most ops (hundreds of
-    microseconds a call, most of a replay's time). A transformer's blocks repeat the same ops on
-    the same shapes, so each distinct call is computed once and its outputs' metadata reused: the
-    outputs are the same fresh storages, of the same shapes, strides and dtypes."""
-
-    def __init__(self):
-        self.outputs: dict = {}
-        self.functional: dict = {}
-        self.in_place: dict = {}
-
-    def run(self, func, args, kwargs):
-        if self._in_place(func):
-            return self._run_in_place(func, args, kwargs)
-        if not self._functional(func):
-            return func(*args, **kwargs)
-        key = _call_key(func, args, kwargs)
-        if key is None:
-            return func(*args, **kwargs)
-        spec = self.outputs.get(key)
-        if spec is not None:
-            return _make(spec)
-        out = func(*args, **kwargs)
-        spec = _spec(out)
-        if spec is not None:
-            self.outputs[key] = spec
-        return out
-
-    def _run_in_place(self, func, args, kwargs):
-        """An elementwise update of its first argument: on meta it only checks the arguments, and a
-        call it has accepted once it accepts again; it changes no shape, stride or storage."""
-        key = _call_key(func, args, kwargs)
-        if key is not None and key in self.outputs:
-            return args[0]
-        out = func(*args, **kwargs)
-        if key is not None and out is args[0]:
-            self.outputs[key] = True
-        return out
-
-    def _in_place(self, func) -> bool:
-        known = self.in_place.get(func)
-        if known is None:
-            schema = func._schema
-            name = schema.name.split("::")[-1]
-            writes = [a for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write]
-            known = self.in_place[func] = (
-                name.endswith("_") and not name.startswith("_") and len(schema.returns) == 1
-                and len(writes) == 1 and writes[0] is schema.arguments[0]
-                and (torch.Tag.pointwise in func.tags or name in _INITIALIZERS))
-        return known
-
-    def _functional(self, func) -> bool:
-        known = self.functional.get(func)
-        if known is None:
-            schema = func._schema
-            known = self.functional[func] = bool(schema.returns) and all(
-                r.alias_info is None and str(r.type) in ("Tensor", "Tensor[]") for r in schema.returns) and not any(
-                a.alias_info is not None for a in schema.arguments)
-        return known
-
-
-class _Uncacheable(Exception):
-    """An argument the cache cannot key on (a real or subclass tensor, an object)."""
-
-
-def _call_key(func, args, kwargs):
-    """A hashable description of the call, or None when an argument is not a meta tensor or a plain
-    value (or a list of them), or no argument is a meta tensor (a factory: cheap already)."""
-    key: list = [func, tuple(kwargs)]
-    tensors = 0
-    try:
-        for v in (*args, *kwargs.values()):
-            if isinstance(v, torch.Tensor):
-                key.append(_tensor_key(v))
-                tensors += 1
-            elif isinstance(v, (list, tuple)):
-                if all(type(x) is int for x in v):  # a size: most lists an op takes
-                    key.append((type(v), tuple(v)))
-                    continue
-                items = tuple(_tensor_key(x) if isinstance(x, torch.Tensor) else _plain_key(x) for x in v)
-                tensors += sum(isinstance(x, torch.Tensor) for x in v)
-                key.append((type(v), items))
-            else:
-                key.append(_plain_key(v))
-    except _Uncacheable:
-        return None
-    return tuple(key) if tensors else None
-
-
-_PLAIN = {int, float, bool, str, type(None), torch.dtype, torch.device, torch.memory_format, torch.layout}
-
-
-def _tensor_key(v: torch.Tensor):
-    if type(v) is not torch.Tensor and type(v) is not torch.nn.Parameter or v.device.type != "meta":
-        raise _Uncacheable
-    return (v.shape, v.stride(), v.storage_offset(), v.dtype)
-
-
-def _plain_key(v):
-    if type(v) not in _PLAIN:
-        raise _Uncacheable
-    return (type(v), v)  # 1, 1.0 and True hash alike
-
-
-def _spec(out):
-    """(shape, stride, dtype) of each output, or None when they are not fresh, separate meta storages."""
-    many = isinstance(out, (list, tuple))
-    specs = []
-    for t in (out if many else (out,)):
-        if not isinstance(t, torch.Tensor) or type(t) is not torch.Tensor or t.device.type != "meta":
-            return None
-        if t.storage_offset() != 0 or t.untyped_storage().nbytes() != _extent(t) * t.element_size():
-            return None
-        specs.append((tuple(t.shape), t.stride(), t.dtype))
-    if many and len({id(t.untyped_storage()) for t in out}) != len(out):
-        return None
-    return (type(out) if many else None, tuple(specs))
-
-
-def _extent(t: torch.Tensor) -> int:
-    if any(n == 0 for n in t.shape):
-        return 0
-    return 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
-
-
-def _make(spec):
-    kind, specs = spec
-    made = [torch.ops.aten.empty_strided.default(shape, stride, dtype=dtype, device=_META)
-            for shape, stride, dtype in specs]
-    return made[0] if kind is None else kind(made)
-
-
-_META_OUTPUTS = _MetaOutputs()
 
 
 def _metas(args, kwargs) -> list[torch.Tensor]:

@@ -365,16 +365,21 @@ def _rollout_step(memory: LiveMemory, args, engine) -> None:
 def _batches(args, rank, real_plan):
     """The batches of the train phase (one per trained expert, see below), and the shard's other
     trajectories (held once)."""
+    _, order = _train_order(args, rank)
+    out = [_batch(args, rank, real_plan, expert, hold=i == 0) for i, expert in enumerate(order)]
+    return [b for b, _ in out], out[0][1]
+
+
+def _train_order(args, rank) -> tuple[list[str], list[str]]:
+    """Each denoising step's expert, and the experts the train phase steps, in order: every trained
+    expert once (each one's AdamW state exists after its first step), then the first again: the
+    steady state, every state present while a step runs."""
     model = rank.fmodel
     params = _sampling(args)
     sigmas = model.sigmas(params.num_steps, params.shift, params.height, params.width, params.num_frames)
     experts = [model.expert_for_step(sigmas, k) for k in range(params.num_steps)]
     trained = [e for e in dict.fromkeys(experts) if e in rank.components]
-    # every trained expert once (each one's AdamW state exists after its first step), then the first
-    # again: the steady state, every state present while a step runs
-    order = trained + trained[:1] if len(trained) > 1 else trained
-    out = [_batch(args, rank, real_plan, expert, hold=i == 0) for i, expert in enumerate(order)]
-    return [b for b, _ in out], out[0][1]
+    return experts, (trained + trained[:1] if len(trained) > 1 else trained)
 
 
 def _sft_batches(args, rank) -> list:
@@ -383,12 +388,8 @@ def _sft_batches(args, rank) -> list:
     from miles.backends.sft import SFTBatch
     from miles.backends.sft_data import SFTItem
 
-    plan, model = rank.plan, rank.fmodel
-    params = _sampling(args)
-    sigmas = model.sigmas(params.num_steps, params.shift, params.height, params.width, params.num_frames)
-    experts = [model.expert_for_step(sigmas, k) for k in range(params.num_steps)]
-    trained = [e for e in dict.fromkeys(experts) if e in rank.components]
-    order = trained + trained[:1] if len(trained) > 1 else trained
+    plan, params = rank.plan, _sampling(args)
+    experts, order = _train_order(args, rank)
     n = args.n_samples_per_prompt
     items = [SFTItem(f"prompt {i}", f"item-{i}.png", params.height, params.width, params.num_frames, i)
              for i in range(math.ceil(plan.samples_per_rollout / n))]
