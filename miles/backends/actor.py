@@ -142,8 +142,8 @@ class TrainRank:
         straight into its final dtype, with no part it never reads: the text encoders only where
         SFT encodes prompts (on the forward model). Sharded (fsdp, float32 master), the trained
         transformers are built on meta and each rank later reads only its own rows
-        (miles.backends.sharded_load; under LoRA their frozen base in the compute dtype); every other part is loaded in the compute dtype, as an
-        engine loads it in the rollout dtype."""
+        (miles.backends.sharded_load; under LoRA their frozen base in the compute dtype); every
+        other part is loaded in the compute dtype, as an engine loads it in the rollout dtype."""
         from miles.models.loader import TEXT_PARTS, load_model
         from miles.models.registry import detect_family, get_family
 
