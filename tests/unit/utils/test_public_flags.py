@@ -8,7 +8,9 @@ from miles.utils.arguments import parse_args
 from miles.utils.validation import ConfigError
 
 BASE = ["--hf-checkpoint", "ckpt", "--diffusion-model-family", "sd3", "--rm-type", "brightness",
-        "--prompt-data", "p.jsonl", "--num-rollout", "1", "--device", "cpu", "--num-gpus-per-node", "2"]
+        "--prompt-data", "p.jsonl", "--num-rollout", "1", "--device", "cpu", "--num-gpus-per-node", "2",
+        # fixed: unset, each parse stamps the current second into it, and two parses a second apart differ
+        "--run-dir", "runs/fixed"]
 
 # (miles-diffusion's words, our words): both must parse to the same namespace
 SAME_AS = [
