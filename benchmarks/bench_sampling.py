@@ -7,10 +7,11 @@ where a short main job's wall time goes, measured in one run.
    `StableDiffusion3Pipeline` loaded from the same checkpoint, at batch 1, 4 and 8 (8 steps,
    64x64, guidance 4, one thread, pinned numerics), on the tiny sd3 and on a ~20 M-parameter sd3
    (the tiny checkpoint with a wider, deeper transformer built by the proxy-asset code). Both
-   decode to images. The pipeline takes the engine's prompt embeddings (our sd3 checkpoints have
-   one CLIP, which the pipeline cannot encode with); the engine encodes its prompts inside the
-   timing, the pipeline does not, which favours the pipeline. The two run in interleaved pairs,
-   the order alternating; the ratio is of the medians over `--pairs` pairs, after a warm-up pair.
+   start from the prompt text and decode to images. Our sd3 checkpoints have one CLIP, which the
+   pipeline cannot encode with, so the pipeline's embeddings come from the same text-encoder call
+   the engine makes (`DiffusionModel.encode_prompts`), made inside its timing as the engine makes
+   it inside its own. The two run in interleaved pairs, the order alternating; the ratio is of the
+   medians over `--pairs` pairs, after a warm-up pair.
 2. The train step, Ray / plain: `benchmarks/bench_trainer.py`'s measurement (`--rounds`).
 3. The tiny recipe's main job with 5 rollouts, run as users run it: the share of its wall time in
    start-up (recipe process start to the first rollout), the training loop and shutdown (loop end
@@ -80,11 +81,6 @@ class SamplingPair:
             str(checkpoint), dtype=torch.float32, text_encoder_2=None, tokenizer_2=None, text_encoder_3=None,
             tokenizer_3=None)
         self.pipe.set_progress_bar_config(disable=True)
-        cond = self.engine.generate(self.requests(1), trained_steps=[])[0].cond
-        self.embeds = dict(prompt_embeds=cond.positive["encoder_hidden_states"],
-                           pooled_prompt_embeds=cond.positive["pooled_projections"],
-                           negative_prompt_embeds=cond.negative["encoder_hidden_states"],
-                           negative_pooled_prompt_embeds=cond.negative["pooled_projections"])
         self.latent_shape = self.engine.model.latent_shape(SIZE, SIZE, 1)
         self.params = sum(p.numel() for p in self.engine.model.transformers["transformer"].parameters())
 
@@ -98,12 +94,22 @@ class SamplingPair:
         generator = torch.Generator().manual_seed(100)
         latents = torch.randn((batch, *self.latent_shape), generator=generator)
         start = time.perf_counter()
-        embeds = {k: v.expand(batch, *v.shape[1:]) for k, v in self.embeds.items()}  # one prompt, `batch` samples
+        embeds = {k: v.expand(batch, *v.shape[1:]) for k, v in self.prompt_embeds().items()}  # `batch` samples
         with torch.no_grad():
             images = self.pipe(num_inference_steps=STEPS, height=SIZE, width=SIZE, guidance_scale=GUIDANCE,
                                latents=latents, output_type="pt", **embeds).images
         assert images.shape[0] == batch
         return time.perf_counter() - start
+
+    def prompt_embeds(self) -> dict[str, torch.Tensor]:
+        """The pipeline's four embedding arguments for PROMPT, from the engine's own encoding call."""
+        with torch.inference_mode():
+            params = self.engine.params
+            cond = self.engine.model.encode_prompts([PROMPT], params.negative_prompt, params.max_sequence_length)
+        return dict(prompt_embeds=cond.positive["encoder_hidden_states"],
+                    pooled_prompt_embeds=cond.positive["pooled_projections"],
+                    negative_prompt_embeds=cond.negative["encoder_hidden_states"],
+                    negative_pooled_prompt_embeds=cond.negative["pooled_projections"])
 
 
 def measure_sampling(label: str, checkpoint: Path, pairs: int) -> list[str]:
