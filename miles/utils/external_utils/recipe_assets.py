@@ -18,6 +18,7 @@ from miles.proxy_assets import checkpoint_name, is_built_pickscore, is_current_c
 from miles.utils.external_utils import released_assets
 from miles.utils.external_utils.launch_mode import is_dry_run
 from miles.utils.external_utils.recipe_options import RolloutScale
+from miles.utils.families import get_family_facts
 
 RELEASED_PICKSCORE = "PickScore_v1"  # a CLIPModel folder under --model-dir, for --scale full
 EVAL_PROMPTS = 64
@@ -53,6 +54,23 @@ def ensure_recipe_checkpoint(family: str, size: Optional[str], model_dir: PathLi
     from miles.proxy_assets.checkpoint import ensure_checkpoint
 
     return str(ensure_checkpoint(family, size, SEED, model_dir))
+
+
+def refuse_unrunnable_release(family: str, released: str, model_dir: Path) -> None:
+    """Refuse, before anything is fetched, a released checkpoint whose transformer class is not the
+    one the family runs: the preflight would refuse it too, but only once tens of GB are on disk.
+    A folder of that name under --model-dir is the user's own and is left to the preflight."""
+    asset = released_assets.RELEASED_CHECKPOINTS.get(released)
+    expected = get_family_facts(family).transformer_class
+    if asset is None or not asset.transformer_class or asset.transformer_class == expected:
+        return
+    if (model_dir / released).is_dir():
+        return
+    raise released_assets.UnrunnableCheckpointError(
+        f"--scale full: {released} ({asset.repo_id}) is a {asset.transformer_class} checkpoint and family "
+        f"`{family}` runs {expected}; no family of this project runs {asset.transformer_class} yet, so nothing "
+        f"was fetched; fix: --scale gpu-proxy or --scale cpu-proxy (our {family} checkpoints), or put a "
+        f"{family} checkpoint in diffusers layout at {model_dir / released}")
 
 
 def ensure_pickscore(size: Optional[str], model_dir: PathLike) -> str:
@@ -98,7 +116,7 @@ def ensure_released_or_exit(make, *args):
     before anything of the launch starts."""
     try:
         return make(*args)
-    except released_assets.AssetMissingError as err:
+    except (released_assets.AssetMissingError, released_assets.UnrunnableCheckpointError) as err:
         print(f"error: {err}", file=sys.stderr, flush=True)
         raise SystemExit(2) from None
 
@@ -114,6 +132,8 @@ def ensure_assets(
 
 def _ensure_assets(family: str, scale: RolloutScale, options: AssetDirs, released: str, prompts: str,
                    pickscore: bool) -> Assets:
+    if scale.checkpoint_size is None and not is_dry_run():
+        refuse_unrunnable_release(family, released, Path(options.model_dir))
     if scale.checkpoint_size is None:  # full scale: the real prompt sets, their own train/test halves
         prompt_data, eval_prompt_data = released_assets.ensure_released_prompts(
             released_assets.FULL_SCALE_PROMPTS[prompts], options.data_dir)

@@ -32,6 +32,10 @@ class AssetMissingError(RuntimeError):
     """An asset is not in the cache and may not be fetched (offline); the message is one line."""
 
 
+class UnrunnableCheckpointError(RuntimeError):
+    """A released checkpoint whose architecture the recipe's family does not run; one line."""
+
+
 @dataclass(frozen=True)
 class HubAsset:
     """A repository on the Hugging Face Hub, at a revision."""
@@ -41,6 +45,7 @@ class HubAsset:
     revision: str = "main"  # a commit sha pins it; a branch name resolves once and is then read from the cache
     repo_type: str = "model"
     marker: str = ""  # a file a complete snapshot holds (model_index.json for a diffusers checkpoint)
+    transformer_class: str = ""  # a checkpoint's: the `_class_name` of its transformer/config.json
 
     @property
     def cache_folder(self) -> str:
@@ -61,16 +66,22 @@ class PromptFile:
         return f"https://raw.githubusercontent.com/{self.repo}/{self.commit}/{self.path}"
 
 
+def _diffusers(name: str, repo_id: str, transformer_class: str) -> HubAsset:
+    return HubAsset(name, repo_id, marker="model_index.json", transformer_class=transformer_class)
+
+
 # The released checkpoints, by the folder name recipes give (`released=`). A branch revision is
 # resolved by the first fetch and read from the cache's refs afterwards (the Hub's own rule).
 RELEASED_CHECKPOINTS: dict[str, HubAsset] = {
     a.name: a for a in (
-        HubAsset("stable-diffusion-3.5-medium", "stabilityai/stable-diffusion-3.5-medium", marker="model_index.json"),
-        HubAsset("stable-diffusion-3.5-large", "stabilityai/stable-diffusion-3.5-large", marker="model_index.json"),
-        HubAsset("Qwen-Image", "Qwen/Qwen-Image", marker="model_index.json"),
-        HubAsset("Wan2.2-T2V-A14B-Diffusers", "Wan-AI/Wan2.2-T2V-A14B-Diffusers", marker="model_index.json"),
-        HubAsset("Cosmos-Predict2-2B-Text2Image", "nvidia/Cosmos-Predict2-2B-Text2Image", marker="model_index.json"),
-        HubAsset("LTX-2.3", "Lightricks/LTX-2.3", marker="model_index.json"),
+        _diffusers("stable-diffusion-3.5-medium", "stabilityai/stable-diffusion-3.5-medium", "SD3Transformer2DModel"),
+        _diffusers("stable-diffusion-3.5-large", "stabilityai/stable-diffusion-3.5-large", "SD3Transformer2DModel"),
+        _diffusers("Qwen-Image", "Qwen/Qwen-Image", "QwenImageTransformer2DModel"),
+        _diffusers("Wan2.2-T2V-A14B-Diffusers", "Wan-AI/Wan2.2-T2V-A14B-Diffusers", "WanTransformer3DModel"),
+        _diffusers("Cosmos-Predict2-2B-Text2Image", "nvidia/Cosmos-Predict2-2B-Text2Image", "CosmosTransformer3DModel"),
+        # Lightricks/LTX-2.3 itself is one single-file checkpoint (DiT, VAEs, vocoder, connectors by
+        # key prefix), not a diffusers layout; this is its diffusers conversion (LTX2Pipeline)
+        _diffusers("LTX-2.3", "diffusers/LTX-2.3-Diffusers", "LTX2VideoTransformer3DModel"),
     )
 }
 PICKSCORE = HubAsset("PickScore_v1", "yuvalkirstain/PickScore_v1", marker="config.json")

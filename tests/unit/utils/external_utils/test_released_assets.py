@@ -188,3 +188,37 @@ def test_a_snapshot_path_names_its_repository_commit_and_branch_and_other_paths_
             "--pickscore-model-path", str(tmp_path), "--eval-prompt-data", "test", str(Path(dataset) / "test.jsonl")]
     assert {flag: rev["commit"] for flag, rev in hub_revisions_in_argv(argv).items()} == {
         "--prompt-data": SHA, "--hf-checkpoint": "f" * 40, "--eval-prompt-data": SHA}
+
+
+def test_a_released_checkpoint_declares_the_transformer_its_family_runs_except_ltx_2_3():
+    from miles.utils.families import FAMILIES
+
+    runnable = {f.transformer_class for f in FAMILIES.values()}
+    declared = {a.name: a.transformer_class for a in R.RELEASED_CHECKPOINTS.values()}
+    assert all(declared.values()), declared  # every checkpoint says what it is
+    assert {name for name, cls in declared.items() if cls not in runnable} == {"LTX-2.3"}
+
+
+def test_a_full_scale_launch_of_a_checkpoint_no_family_runs_is_refused_before_anything_is_fetched(stand_ins, tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MILES_SCRIPT_", "WANDB_"))}
+    out = tmp_path / "out"
+    result = subprocess.run([sys.executable, str(REPO / "scripts" / "run_diffusion_grpo_ltx23_sglang.py"),
+                             "--output-dir", str(out), "--model-dir", str(tmp_path / "models"),
+                             "--data-dir", str(tmp_path / "data")],
+                            env=env, capture_output=True, text=True, timeout=60)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1, result.stderr
+    assert "LTX2VideoTransformer3DModel" in lines[0] and "LTXVideoTransformer3DModel" in lines[0]
+    assert "--scale gpu-proxy" in lines[0] and "nothing was fetched" in lines[0]
+    assert stand_ins() == []  # neither hf nor curl ran
+    assert not list(out.glob("*/plan.json"))
+
+
+def test_a_folder_of_that_name_under_model_dir_is_the_users_own_and_is_not_refused(tmp_path):
+    from miles.utils.external_utils.recipe_assets import refuse_unrunnable_release
+
+    with pytest.raises(R.UnrunnableCheckpointError, match="diffusers/LTX-2.3-Diffusers"):
+        refuse_unrunnable_release("ltx", "LTX-2.3", tmp_path)
+    (tmp_path / "LTX-2.3").mkdir()
+    refuse_unrunnable_release("ltx", "LTX-2.3", tmp_path)  # left to the preflight, which reads its config
+    refuse_unrunnable_release("wan2_2", "Wan2.2-T2V-A14B-Diffusers", tmp_path / "nowhere")
