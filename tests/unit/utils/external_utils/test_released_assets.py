@@ -143,18 +143,26 @@ def test_a_hub_id_given_to_hf_checkpoint_becomes_its_snapshot_and_a_directory_is
     assert out[4].startswith("--hf-checkpoint=") and out[4].endswith(f"models--org--other/snapshots/{SHA}")
 
 
-def test_a_real_full_scale_launch_offline_with_an_empty_cache_stops_with_one_line_before_anything_starts(tmp_path):
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("MILES_SCRIPT_", "HF_", "WANDB_"))}
-    env.update({"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "empty-cache"), "MILES_SCRIPT_ENABLE_RAY_SUBMIT": "1"})
+def launch_full_scale(recipe: str, tmp_path: Path, env: dict[str, str]) -> list[str]:
+    """A real (not dry) launch of `recipe` at its default scale, full, expected to stop in
+    prepare(): its stderr lines, after checking it exited 2 with one line and planned nothing."""
     out = tmp_path / "out"
-    result = subprocess.run([sys.executable, str(REPO / "scripts" / "run_diffusion_nft_sd3_pickscore.py"),
-                             "--output-dir", str(out), "--model-dir", str(tmp_path / "models"),
-                             "--data-dir", str(tmp_path / "data")],
-                            env=env, capture_output=True, text=True, timeout=60)
+    result = subprocess.run([sys.executable, str(REPO / "scripts" / recipe), "--output-dir", str(out),
+                             "--model-dir", str(tmp_path / "models"), "--data-dir", str(tmp_path / "data")],
+                            env={**env, "MILES_SCRIPT_ENABLE_RAY_SUBMIT": "1"}, capture_output=True, text=True,
+                            timeout=60)
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2 and len(lines) == 1, result.stderr
-    assert lines[0].startswith("error: ") and str(tmp_path / "empty-cache") in lines[0] and "fetch it" in lines[0]
+    assert lines[0].startswith("error: ")
     assert not list(out.glob("*/plan.json"))  # stopped in prepare(), before the launch was planned
+    return lines
+
+
+def test_a_real_full_scale_launch_offline_with_an_empty_cache_stops_with_one_line_before_anything_starts(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MILES_SCRIPT_", "HF_", "WANDB_"))}
+    env.update({"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "empty-cache")})
+    [line] = launch_full_scale("run_diffusion_nft_sd3_pickscore.py", tmp_path, env)
+    assert str(tmp_path / "empty-cache") in line and "fetch it" in line
 
 
 def test_the_plan_records_the_commit_a_hub_id_at_main_resolved_to(stand_ins, tmp_path):
@@ -201,17 +209,10 @@ def test_a_released_checkpoint_declares_the_transformer_its_family_runs_except_l
 
 def test_a_full_scale_launch_of_a_checkpoint_no_family_runs_is_refused_before_anything_is_fetched(stand_ins, tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MILES_SCRIPT_", "WANDB_"))}
-    out = tmp_path / "out"
-    result = subprocess.run([sys.executable, str(REPO / "scripts" / "run_diffusion_grpo_ltx23_sglang.py"),
-                             "--output-dir", str(out), "--model-dir", str(tmp_path / "models"),
-                             "--data-dir", str(tmp_path / "data")],
-                            env=env, capture_output=True, text=True, timeout=60)
-    lines = result.stderr.strip().splitlines()
-    assert result.returncode == 2 and len(lines) == 1, result.stderr
-    assert "LTX2VideoTransformer3DModel" in lines[0] and "LTXVideoTransformer3DModel" in lines[0]
-    assert "--scale gpu-proxy" in lines[0] and "nothing was fetched" in lines[0]
+    [line] = launch_full_scale("run_diffusion_grpo_ltx23_sglang.py", tmp_path, env)
+    assert "LTX2VideoTransformer3DModel" in line and "LTXVideoTransformer3DModel" in line
+    assert "--scale gpu-proxy" in line and "nothing was fetched" in line
     assert stand_ins() == []  # neither hf nor curl ran
-    assert not list(out.glob("*/plan.json"))
 
 
 def test_a_folder_of_that_name_under_model_dir_is_the_users_own_and_is_not_refused(tmp_path):
