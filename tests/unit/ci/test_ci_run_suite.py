@@ -25,6 +25,10 @@ def workdir(tmp_path, monkeypatch):
     shutil.copy(FIXTURE, tmp_path / "fake_cases.py")
     monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    # The stand-ins use nothing but pytest itself (skip, junitxml); without the installed
+    # plugins each case's pytest starts in 0.2 CPU-s instead of 1.1 (the runner passes its
+    # environment on to every case, so this reaches them all).
+    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
     return tmp_path
 
 
@@ -110,16 +114,25 @@ def test_next_case_starts_when_gpus_free_not_at_its_planned_time(workdir):
     assert time.monotonic() - started < 120
 
 
+# A case that starts a child and hangs. A command case goes through the same launch, deadline and
+# process-group ending as a pytest one (SuiteRunner._launch/_wait); it starts in milliseconds where
+# pytest takes seconds under load, so its deadline can be short and still fall after the child starts.
+HANGS = ("import os, subprocess, time\n"
+         "child = subprocess.Popen(['sleep', '600'])\n"
+         "open(os.environ['FAKE_PID_FILE'], 'w').write(f'{os.getpid()} {child.pid}')\n"
+         "time.sleep(600)\n")
+
+
 def test_a_hanging_case_is_ended_with_its_process_group(workdir, monkeypatch):
     pid_file = workdir / "pid"
     monkeypatch.setenv("FAKE_PID_FILE", str(pid_file))
-    hang = Case("test_hangs", 1, 1.0, nodeid="fake_cases.py::test_hangs", timeout=12.0)
+    hang = Case("test_hangs", 1, 1.0, command=("{python}", "-S", "-c", HANGS), timeout=3.0)
     settings = RunSettings(workdir / "out", workdir, ["0"], timeout_grace=0.0, gpu_wait=0.0)
     (result,) = SuiteRunner([hang], make_plan([hang.job], [0]), settings).run()
     assert result.outcome == "timeout" and result.failed
     assert pid_file.exists(), "the case was ended before it started its child"
-    pytest_pid, child_pid = map(int, pid_file.read_text().split())
-    assert not alive(pytest_pid) and not alive(child_pid)
+    case_pid, child_pid = map(int, pid_file.read_text().split())
+    assert not alive(case_pid) and not alive(child_pid)
 
 
 def alive(pid):

@@ -165,43 +165,35 @@ def test_successful_job_exits_0_key_reaches_job_its_workers_run_at_normal_priori
         _end_everything([train], [(out, HEAD_ROLE)])
 
 
-@pytest.mark.timeout(300)
-def test_sigterm_during_the_job_stops_it_and_ends_the_cluster(tmp_path):
+@pytest.mark.timeout(400)
+def test_an_external_launch_only_submits_into_a_running_cluster_and_sigterm_to_its_owner_ends_it(tmp_path, train_script):
+    """Two launchers on one head (a head costs seconds of CPU to start and to stop): the owner
+    starts it and runs a job that sleeps; a second launcher handed that head (MILES_SCRIPT_EXTERNAL_RAY=1,
+    RAY_ADDRESS) only submits its job and leaves the cluster running. Then SIGTERM to the owner
+    stops its job and ends the cluster."""
     sleepy = tmp_path / "sleepy_train.py"
     sleepy.write_text("import time\nprint('JOB STARTED', flush=True)\ntime.sleep(600)\n")
     out, log_path = tmp_path / "out", tmp_path / "train.log"
+    ext_out, ext_log = tmp_path / "ext_out", tmp_path / "external.log"
     train = _start(["train", "--output-dir", str(out), "--run-id", "r3", "--train-script", str(sleepy)], log_path)
+    procs = [train]
     try:
         _wait_until(lambda: "JOB STARTED" in log_path.read_text(), 200, "job never started")
+        record = LaunchRecord.load(out, HEAD_ROLE)
+        job_server = json.loads((out / "r3" / "plan.json").read_text())["ray"]["job_server"]
+        external = _start(["train", "--output-dir", str(ext_out), "--run-id", "r4", "--train-script", str(train_script)],
+                          ext_log, MILES_SCRIPT_EXTERNAL_RAY="1", RAY_ADDRESS=job_server)
+        procs.append(external)
+        assert external.wait(timeout=200) == 0, ext_log.read_text()[-3000:]
+        log = ext_log.read_text()
+        assert "EXEC: ray start" not in log and "TINY TRAIN argv:" in log
+        assert not (ext_out / ".launcher").exists()
+        assert pids_with_token(record.token)  # the cluster it was handed is still up
+
         train.send_signal(signal.SIGTERM)
         assert train.wait(timeout=90) == 130, log_path.read_text()[-3000:]
         assert "stopping Ray job" in log_path.read_text()
-        record = LaunchRecord.load(out, HEAD_ROLE)
         assert pids_with_token(record.token) == []
         assert not Path(record.ray_temp_dir).exists()  # removed on an interrupted run too (no --keep-ray-logs)
     finally:
-        _end_everything([train], [(out, HEAD_ROLE)])
-
-
-@pytest.mark.timeout(300)
-def test_external_ray_only_submits_and_leaves_the_cluster_running(tmp_path, train_script):
-    from miles.utils.external_utils.local_cluster import start_node, stop_node
-    from miles.utils.external_utils.processes import new_token
-    from miles.utils.external_utils.ray_cluster import RayNodeSpec, RayPorts, ray_temp_dir_for
-
-    token = new_token()
-    head = RayNodeSpec("127.0.0.1", RayPorts.allocate(), ray_temp_dir_for(token), num_gpus=0, num_cpus=2)
-    record = LaunchRecord("external-head", token, ray_temp_dir=head.temp_dir)
-    out, log_path = tmp_path / "out", tmp_path / "train.log"
-    try:
-        start_node(head, record, tmp_path / "cluster", cuda_visible_devices=None)
-        train = _start(["train", "--output-dir", str(out), "--run-id", "r4", "--train-script", str(train_script)],
-                       log_path, MILES_SCRIPT_EXTERNAL_RAY="1", RAY_ADDRESS=head.job_server_url)
-        assert train.wait(timeout=200) == 0, log_path.read_text()[-3000:]
-        log = log_path.read_text()
-        assert "EXEC: ray start" not in log and "TINY TRAIN argv:" in log
-        assert not (out / ".launcher").exists()
-        assert pids_with_token(token)  # the cluster we handed it is still up
-    finally:
-        stop_node(record)
-        end_recorded_run(tmp_path / "cluster", "external-head")  # its temp dir
+        _end_everything(procs, [(out, HEAD_ROLE)])
