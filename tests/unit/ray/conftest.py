@@ -28,7 +28,7 @@ def ray_cluster(local_ray):
     return local_ray.get_runtime_context().gcs_address
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")  # a pure builder: module fixtures build their runs' argv with it too
 def tiny_argv(tiny_assets):
     """argv of a tiny CPU run: tiny_argv(run_dir, "--more flags")."""
     checkpoint, prompts = tiny_assets

@@ -33,22 +33,35 @@ def one_rollout(args):
     return RolloutBatch(0, trajectories, rewards, advantages.tolist(), steps)
 
 
-@pytest.mark.parametrize("mode", ["contiguous", "stride"])
-def test_two_ranks_match_one_rank_and_each_trains_its_own_shard(ray_cluster, tiny_argv, tmp_path, mode):
-    import ray
+COMMON = "--num-rollout 1 --colocate --clip-grad 0"
 
-    from miles.ray.train_actor_group import TrainActorGroup
 
-    common = f"--train-dp-split-mode {mode} --num-rollout 1 --colocate --clip-grad 0"
-    args1, plan1 = parse_and_plan(tiny_argv(tmp_path, f"{common} --actor-num-gpus-per-node 1 --num-gpus-per-node 1"))
-    args2, plan2 = parse_and_plan(tiny_argv(tmp_path, f"{common} --actor-num-gpus-per-node 2 --num-gpus-per-node 2"))
+@pytest.fixture(scope="module")
+def one_rank(tiny_argv, tmp_path_factory):
+    """One rollout and the one-rank step on it: the reference of both split modes. One rank trains
+    every pair in the same order under either mode (shard_pairs(pairs, 1, 0, mode) == pairs), so
+    the reference is the same for both and is made once."""
+    run_dir = tmp_path_factory.mktemp("one_rank")
+    args1, plan1 = parse_and_plan(tiny_argv(run_dir, f"{COMMON} --actor-num-gpus-per-node 1 --num-gpus-per-node 1"))
+    pairs = expand_pairs(plan1.samples_per_rollout, [0, 1])
+    assert all(shard_pairs(pairs, 1, 0, mode) == pairs for mode in ("contiguous", "stride"))
     batch = one_rollout(args1)
-
     single = TrainRank(args1, plan1, 0, 1)
     single.setup()
     before = single.trained_state()
     single_metrics = single.train(batch).metrics
-    expected = single.trained_state()
+    return args1, batch, before, single_metrics, single.trained_state()
+
+
+@pytest.mark.parametrize("mode", ["contiguous", "stride"])
+def test_two_ranks_match_one_rank_and_each_trains_its_own_shard(ray_cluster, tiny_argv, tmp_path, mode, one_rank):
+    import ray
+
+    from miles.ray.train_actor_group import TrainActorGroup
+
+    args1, batch, before, single_metrics, expected = one_rank
+    common = f"--train-dp-split-mode {mode} {COMMON}"
+    args2, plan2 = parse_and_plan(tiny_argv(tmp_path, f"{common} --actor-num-gpus-per-node 2 --num-gpus-per-node 2"))
 
     placement = PlacementPlan([{"CPU": 0.5}, {"CPU": 0.5}], [Slot(0, 0.5, 0.0), Slot(1, 0.5, 0.0)])
     from miles.ray.placement import create_placement_group
