@@ -59,6 +59,16 @@ def _own_results_dir(monkeypatch):
     monkeypatch.delenv("MILES_RESULTS_DIR", raising=False)
 
 
+# pytest plugins installed here that the harness neither uses nor touches; an inner session that
+# loads them spends about 1 s of CPU importing them (hypothesis most), a third of its cost
+_UNRELATED_PLUGINS = ("-p", "no:hypothesispytest", "-p", "no:anyio", "-p", "no:benchmark")
+
+
+def _inner(pytester, *args):
+    """pytest in the scratch repository, in its own interpreter, with the plugin loaded as users load it."""
+    return pytester.runpytest_subprocess("-p", "miles.testing", *_UNRELATED_PLUGINS, *args)
+
+
 def scratch_repo(pytester, recipe_body, timeout=60, metrics=("train/loss",), signals='(Signal("train/loss", "falls"),)'):
     pytester.mkdir("scripts")
     (pytester.path / "scripts" / "run_fixture.py").write_text(recipe_body)
@@ -75,16 +85,16 @@ def test_markers_are_registered_so_strict_markers_accepts_them(pytester):
         def test_x():
             pass
     '''))
-    result = pytester.runpytest_subprocess("-p", "miles.testing", "--strict-markers", "-p", "no:cacheprovider")
+    result = _inner(pytester, "--strict-markers", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=1)
-    markers = pytester.runpytest_subprocess("-p", "miles.testing", "--markers")
+    markers = _inner(pytester, "--markers")
     markers.stdout.fnmatch_lines(["*gpu(n)*", "*nightly*"])
 
 
 def test_cases_json_lists_every_collected_case_for_ci(pytester, tmp_path):
     scratch_repo(pytester, GOOD_RECIPE)
     out = tmp_path / "cases.json"
-    result = pytester.runpytest_subprocess("-p", "miles.testing", "--collect-only", "-q", "--miles-cases-json", str(out))
+    result = _inner(pytester, "--collect-only", "-q", "--miles-cases-json", str(out))
     result.stdout.fnmatch_lines(["*test_recipe?run_fixture-cpu?", "*test_recipe?run_fixture-gpu?"])
     cases = {c["name"]: c for c in json.loads(out.read_text())}
     assert set(cases) == {"run_fixture-cpu", "run_fixture-gpu"}
@@ -97,8 +107,8 @@ def test_cases_json_lists_every_collected_case_for_ci(pytester, tmp_path):
 def test_gpu_case_skips_with_its_reason_without_nvml_and_cpu_case_runs(pytester, tmp_path, monkeypatch):
     scratch_repo(pytester, GOOD_RECIPE)
     monkeypatch.setenv("MILES_RESULTS_DIR", str(tmp_path / "results"))
-    pytester.runpytest_subprocess("-p", "miles.testing", "--miles-record-standards", "-k", "cpu")
-    result = pytester.runpytest_subprocess("-p", "miles.testing", "-rs")
+    _inner(pytester, "--miles-record-standards", "-k", "cpu")
+    result = _inner(pytester, "-rs")
     result.assert_outcomes(passed=1, skipped=1)
     result.stdout.fnmatch_lines(["*SKIPPED*GPU tier: NVML*"])
     record = json.loads((tmp_path / "results" / "run_fixture-cpu.json").read_text())
@@ -110,17 +120,17 @@ def test_gpu_case_skips_with_its_reason_without_nvml_and_cpu_case_runs(pytester,
 def test_standards_are_written_only_on_request_and_then_compared_strictly(pytester):
     scratch_repo(pytester, GOOD_RECIPE)
     standard = pytester.path / "standards" / "run_fixture-cpu.json"
-    missing = pytester.runpytest_subprocess("-p", "miles.testing", "-k", "cpu")
+    missing = _inner(pytester, "-k", "cpu")
     missing.assert_outcomes(failed=1)
     missing.stdout.fnmatch_lines(["*no committed metric standard*", "*--miles-record-standards*"])
     assert not standard.exists()
-    pytester.runpytest_subprocess("-p", "miles.testing", "-k", "cpu", "--miles-record-standards").assert_outcomes(passed=1)
+    _inner(pytester, "-k", "cpu", "--miles-record-standards").assert_outcomes(passed=1)
     assert json.loads(standard.read_text())["metrics"]["train/loss"] == [0.5, 0.25]
-    pytester.runpytest_subprocess("-p", "miles.testing", "-k", "cpu").assert_outcomes(passed=1)
+    _inner(pytester, "-k", "cpu").assert_outcomes(passed=1)
     data = json.loads(standard.read_text())
     data["metrics"]["train/loss"][1] = 0.25000000000000006
     standard.write_text(json.dumps(data))
-    drifted = pytester.runpytest_subprocess("-p", "miles.testing", "-k", "cpu")
+    drifted = _inner(pytester, "-k", "cpu")
     drifted.assert_outcomes(failed=1)
     drifted.stdout.fnmatch_lines(["*train/loss at rollout 1*strict*"])
 
@@ -128,7 +138,7 @@ def test_standards_are_written_only_on_request_and_then_compared_strictly(pytest
 def test_parity_regression_fails_the_run_even_with_a_standard(pytester):
     scratch_repo(pytester, GOOD_RECIPE.replace('"train/model_output_mean_abs_diff": 0.0',
                                                '"train/model_output_mean_abs_diff": 1e-9'), metrics=())
-    result = pytester.runpytest_subprocess("-p", "miles.testing", "-k", "cpu")
+    result = _inner(pytester, "-k", "cpu")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*parity broken at rollout 0*exactly 0.0*"])
 
@@ -136,7 +146,7 @@ def test_parity_regression_fails_the_run_even_with_a_standard(pytester):
 def test_hanging_case_is_ended_at_its_timeout_with_log_tail_and_no_survivor(pytester, tmp_path, monkeypatch):
     scratch_repo(pytester, HANGING_RECIPE, timeout=3)
     monkeypatch.setenv("MILES_RESULTS_DIR", str(tmp_path / "results"))
-    result = pytester.runpytest_subprocess("-p", "miles.testing", "-k", "cpu")
+    result = _inner(pytester, "-k", "cpu")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*timed out after 3s and was ended*", "*processes ended by the harness*",
                                  "*last 200 lines*", "*step 499*"])
@@ -178,14 +188,14 @@ def test_new_recipe_with_non_dividing_pair_shards_fails_its_dry_check_with_no_te
     assert TINY.read_text().count(grpo) == 1, "the tiny recipe's GRPO block changed"
     bad = TINY.read_text().replace(grpo, 'U.flow_grpo_args(clip_range="1e-2", steps_per_rollout=3)')
     copy_repo(pytester, {"run_my_new_recipe.py": bad})
-    result = pytester.runpytest_subprocess("-p", "miles.testing", "tests/e2e", "-k", "my_new_recipe")
+    result = _inner(pytester, "tests/e2e", "-k", "my_new_recipe")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*num_pairs_shard=64 not divisible by num_steps_per_rollout=3*"])
 
 
 def test_recipe_without_snapshot_fails_naming_the_command_that_records_it(pytester):
     copy_repo(pytester, {"run_fresh.py": TINY.read_text()})
-    result = pytester.runpytest_subprocess("-p", "miles.testing", "tests/e2e")
+    result = _inner(pytester, "tests/e2e")
     result.assert_outcomes(failed=1)
     out = result.stdout.str()
     assert "No plan snapshot is recorded" in out
@@ -194,17 +204,17 @@ def test_recipe_without_snapshot_fails_naming_the_command_that_records_it(pytest
 
 def test_editing_one_flag_fails_only_that_recipes_snapshot_and_snapshot_update_fixes_it(pytester):
     copy_repo(pytester, {"run_one.py": TINY.read_text(), "run_two.py": TINY.read_text()})
-    pytester.runpytest_subprocess("-p", "miles.testing", "tests/e2e", "--snapshot-update").assert_outcomes(passed=2)
+    _inner(pytester, "tests/e2e", "--snapshot-update").assert_outcomes(passed=2)
     one = pytester.path / "scripts" / "run_one.py"
     recorded_lr = re.search(r'optimizer_args\(lr="([^"]+)"', one.read_text()).group(1)
     assert recorded_lr != "5e-4"
     one.write_text(one.read_text().replace(f'optimizer_args(lr="{recorded_lr}"', 'optimizer_args(lr="5e-4"'))
-    result = pytester.runpytest_subprocess("-p", "miles.testing", "tests/e2e")
+    result = _inner(pytester, "tests/e2e")
     result.assert_outcomes(failed=1, passed=1)
     result.stdout.fnmatch_lines(["*FAILED*test_dry?run_one-dry?*"])
     result.stdout.fnmatch_lines([f"*- --lr {recorded_lr}*", "*+ --lr 5e-4*"])
-    pytester.runpytest_subprocess("-p", "miles.testing", "tests/e2e", "--snapshot-update").assert_outcomes(passed=2)
-    pytester.runpytest_subprocess("-p", "miles.testing", "tests/e2e").assert_outcomes(passed=2)
+    _inner(pytester, "tests/e2e", "--snapshot-update").assert_outcomes(passed=2)
+    _inner(pytester, "tests/e2e").assert_outcomes(passed=2)
 
 
 def test_locked_flag_overridden_by_extra_args_is_caught(pytester):
@@ -214,10 +224,10 @@ def test_locked_flag_overridden_by_extra_args_is_caught(pytester):
         "U.execute_train(train_args=train_args, num_gpus_per_node=0, config=args, locked_flags=['--lr'])")
     recipe = recipe.replace("extra_args: str", "extra_args: str")
     copy_repo(pytester, {"run_locked.py": recipe})
-    pytester.runpytest_subprocess("-p", "miles.testing", "tests/e2e", "--snapshot-update").assert_outcomes(passed=1)
+    _inner(pytester, "tests/e2e", "--snapshot-update").assert_outcomes(passed=1)
     env_recipe = pytester.path / "scripts" / "run_locked.py"
     env_recipe.write_text(recipe.replace("if __name__ == \"__main__\":", "import sys\nsys.argv += ['--extra-args', '--lr 1e-2']\nif __name__ == \"__main__\":"))
-    result = pytester.runpytest_subprocess("-p", "miles.testing", "tests/e2e")
+    result = _inner(pytester, "tests/e2e")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*--lr*"])
 
@@ -225,28 +235,28 @@ def test_locked_flag_overridden_by_extra_args_is_caught(pytester):
 def test_other_environment_names_what_changed_first_and_still_fails_on_parity_or_a_missing_signal(
         pytester, monkeypatch):
     scratch_repo(pytester, GOOD_RECIPE)
-    pytester.runpytest_subprocess("-p", "miles.testing", "-k", "cpu", "--miles-record-standards").assert_outcomes(passed=1)
+    _inner(pytester, "-k", "cpu", "--miles-record-standards").assert_outcomes(passed=1)
     standard = pytester.path / "standards" / "run_fixture-cpu.json"
     assert json.loads(standard.read_text())["fingerprint"]["torch_cpu_capability"] == "AVX2"
     # a run on another environment whose numbers also moved: the strict series is not compared
     monkeypatch.setenv("FAKE_CAPABILITY", "AVX512")
     monkeypatch.setenv("FAKE_TRANSFORMERS", "5.23.0")
     (pytester.path / "scripts" / "run_fixture.py").write_text(GOOD_RECIPE.replace("0.5 / (i + 1)", "0.6 / (i + 1)"))
-    moved = pytester.runpytest_subprocess("-p", "miles.testing", "-k", "cpu", "-W", "default")
+    moved = _inner(pytester, "-k", "cpu", "-W", "default")
     moved.assert_outcomes(passed=1)
     moved.stdout.fnmatch_lines(["*run_fixture-cpu: environment differs from the standard's: "
                                 "torch CPU capability AVX2 -> AVX512; transformers 5.24.0 -> 5.23.0*"
                                 "strict series not compared*"])
     # ... but a run without its learning signal fails, the difference named first
     (pytester.path / "scripts" / "run_fixture.py").write_text(GOOD_RECIPE.replace("0.5 / (i + 1)", "0.5 * (i + 1)"))
-    flat = pytester.runpytest_subprocess("-p", "miles.testing", "-k", "cpu")
+    flat = _inner(pytester, "-k", "cpu")
     flat.assert_outcomes(failed=1)
     flat.stdout.fnmatch_lines(["*run_fixture-cpu: environment differs*AVX2 -> AVX512*",
                                "*learning signal 'train/loss falls': 0.5 -> 1.0*"])
     # ... and so does a broken parity
     (pytester.path / "scripts" / "run_fixture.py").write_text(
         GOOD_RECIPE.replace('"train/model_output_mean_abs_diff": 0.0', '"train/model_output_mean_abs_diff": 1e-9'))
-    broken = pytester.runpytest_subprocess("-p", "miles.testing", "-k", "cpu")
+    broken = _inner(pytester, "-k", "cpu")
     broken.assert_outcomes(failed=1)
     broken.stdout.fnmatch_lines(["*run_fixture-cpu: environment differs*AVX2 -> AVX512*",
                                  "*parity broken at rollout 0*"])
@@ -254,7 +264,7 @@ def test_other_environment_names_what_changed_first_and_still_fails_on_parity_or
 
 def test_recording_refuses_a_standard_that_pins_nothing(pytester):
     scratch_repo(pytester, GOOD_RECIPE.replace("0.5 / (i + 1)", "0.0"), signals="()")
-    result = pytester.runpytest_subprocess("-p", "miles.testing", "-k", "cpu", "--miles-record-standards")
+    result = _inner(pytester, "-k", "cpu", "--miles-record-standards")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*refusing to record*", "*train/loss is constant*compares nothing*"])
     assert not (pytester.path / "standards" / "run_fixture-cpu.json").exists()
