@@ -62,9 +62,7 @@ def refuse_unrunnable_release(family: str, released: str, model_dir: Path) -> No
     A folder of that name under --model-dir is the user's own and is left to the preflight."""
     asset = released_assets.RELEASED_CHECKPOINTS.get(released)
     expected = get_family_facts(family).transformer_class
-    if asset is None or not asset.transformer_class or asset.transformer_class == expected:
-        return
-    if (model_dir / released).is_dir():
+    if asset is None or asset.transformer_class in ("", expected) or (model_dir / released).is_dir():
         return
     raise released_assets.UnrunnableCheckpointError(
         f"--scale full: {released} ({asset.repo_id}) is a {asset.transformer_class} checkpoint and family "
@@ -132,9 +130,9 @@ def ensure_assets(
 
 def _ensure_assets(family: str, scale: RolloutScale, options: AssetDirs, released: str, prompts: str,
                    pickscore: bool) -> Assets:
-    if scale.checkpoint_size is None and not is_dry_run():
-        refuse_unrunnable_release(family, released, Path(options.model_dir))
     if scale.checkpoint_size is None:  # full scale: the real prompt sets, their own train/test halves
+        if not is_dry_run():
+            refuse_unrunnable_release(family, released, Path(options.model_dir))
         prompt_data, eval_prompt_data = released_assets.ensure_released_prompts(
             released_assets.FULL_SCALE_PROMPTS[prompts], options.data_dir)
     else:
