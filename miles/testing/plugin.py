@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import warnings
+from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ import pytest
 from miles.testing.cases import RecipeCase, case_of, cases_metadata, find_repo_root
 from miles.testing.cluster import LocalRayCluster
 from miles.testing.dry import DryCheckFailure, run_dry, start_dry
+from miles.testing.idle import IdleEnded, end_idle_services
 from miles.testing.invariants import check_run as run_invariants
 from miles.testing.leases import DEFAULT_LOCK_DIR, DEFAULT_MAX_USED_MIB, NoNvml, NotEnoughGpus, lease_gpus
 from miles.testing.runner import RecipeRun, new_token, run_recipe as _run_recipe, write_result_record
@@ -118,6 +120,10 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(cases_metadata(session.items), indent=2) + "\n")
     os.replace(tmp, out)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    end_idle_services(item)
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -326,14 +332,26 @@ def ray_cluster(tmp_path: Path):
 
 
 @pytest.fixture(scope="session")
-def shared_ray_cluster(tmp_path_factory: pytest.TempPathFactory):
-    """One loopback Ray node per pytest(-xdist) worker, started when the first CPU-tier case
-    needs it and ended (by its token) at the end of the session. It advertises this machine's
-    CPUs, as a head the launcher starts for a CPU job would, so placements are the same."""
-    cluster = LocalRayCluster(nodes=1, cpus_per_node=os.cpu_count() or 1, token=new_token())
-    cluster.start()
-    yield cluster
-    _, survivors = cluster.stop()
+def shared_ray_cluster():
+    """One loopback Ray node per pytest(-xdist) worker for its CPU-tier cases: started when a case
+    needs it, ended (by its token) once no case has used it for `miles.testing.idle.IDLE_S` and at
+    the end of the session. It advertises this machine's CPUs, as a head the launcher starts for
+    a CPU job would, so placements are the same. `with shared_ray_cluster.using() as cluster:`."""
+    survivors: list[str] = []
+
+    def start() -> LocalRayCluster:
+        return LocalRayCluster(nodes=1, cpus_per_node=os.cpu_count() or 1, token=new_token()).start()
+
+    def stop(cluster: LocalRayCluster) -> None:
+        survivors.extend(cluster.stop()[1])
+
+    def wanted_by(item: pytest.Item) -> bool:
+        case = case_of(item)
+        return case is not None and case.uses_shared_cluster
+
+    service = IdleEnded("shared Ray cluster", start, stop, wanted_by)
+    yield service
+    service.close()
     assert not survivors, "shared Ray cluster processes survived teardown:\n" + "\n".join(survivors)
 
 
@@ -357,14 +375,16 @@ def run_recipe(request: pytest.FixtureRequest, tmp_path: Path, miles_repo_root: 
             lease = request.getfixturevalue("gpu_lease")
             extra += ["--cuda-visible-devices", lease.devices]
         token = new_token()
-        if case.ray_nodes:
-            cluster = request.getfixturevalue("ray_cluster")(nodes=case.ray_nodes, token=token)
-            run_env.update(cluster.env_for_recipe())
-        elif case.uses_shared_cluster:
-            run_env.update(request.getfixturevalue("shared_ray_cluster").env_for_recipe())
-        run_env.update(env or {})
-        out = tmp_path / f"run{next(counter)}"
-        result = _run_recipe(case, out, rootdir=miles_repo_root, token=token, extra_args=extra, env=run_env)
+        with ExitStack() as held:
+            if case.ray_nodes:
+                cluster = request.getfixturevalue("ray_cluster")(nodes=case.ray_nodes, token=token)
+                run_env.update(cluster.env_for_recipe())
+            elif case.uses_shared_cluster:
+                shared = held.enter_context(request.getfixturevalue("shared_ray_cluster").using())
+                run_env.update(shared.env_for_recipe())
+            run_env.update(env or {})
+            out = tmp_path / f"run{next(counter)}"
+            result = _run_recipe(case, out, rootdir=miles_repo_root, token=token, extra_args=extra, env=run_env)
         runs.append(result)
         if result.survivors:
             pytest.fail(result.report(f"processes of {case.name} survived SIGKILL"), pytrace=False)

@@ -4,14 +4,10 @@ import tempfile
 
 import pytest
 
+from miles.testing.idle import IdleEnded
 
-@pytest.fixture(scope="session")
-def local_ray():
-    """One in-process Ray cluster per test worker, with a temp dir of its own.
 
-    Shared because `ray.init` may run once per process: two test modules that each started their
-    own would fail whenever xdist put them on the same worker.
-    """
+def _start_local_ray():
     ray = pytest.importorskip("ray")
     temp_dir = tempfile.mkdtemp(prefix="mr", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
     # Explicitly off: otherwise ray.init, finding ~/.ray/auth_token, turns token auth on by writing
@@ -22,13 +18,38 @@ def local_ray():
     os.environ["RAY_AUTH_MODE"] = "disabled"
     ray.init(num_cpus=2, include_dashboard=False, _temp_dir=temp_dir, log_to_driver=False,
              runtime_env={"env_vars": {"PYTHONPATH": os.getcwd(), "OMP_NUM_THREADS": "1"}})
-    yield ray
+    return ray, temp_dir, previous_auth_mode
+
+
+def _stop_local_ray(started) -> None:
+    ray, temp_dir, previous_auth_mode = started
     ray.shutdown()
     if previous_auth_mode is None:
         os.environ.pop("RAY_AUTH_MODE", None)
     else:
         os.environ["RAY_AUTH_MODE"] = previous_auth_mode
     shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def worker_ray():
+    """The test worker's in-process Ray cluster, with a temp dir of its own, as a service that ends
+    while no test uses it (miles.testing.idle).
+
+    One per worker because `ray.init` may run once per process at a time: two test modules that
+    each started their own would fail whenever xdist put them on the same worker.
+    """
+    service = IdleEnded("in-process Ray", _start_local_ray, _stop_local_ray,
+                        wanted_by=lambda item: "local_ray" in item.fixturenames)
+    yield service
+    service.close()
+
+
+@pytest.fixture
+def local_ray(worker_ray):
+    """The `ray` module, connected to the worker's in-process cluster for this test."""
+    with worker_ray.using() as (ray, _, _):
+        yield ray
 
 
 @pytest.fixture(scope="session")

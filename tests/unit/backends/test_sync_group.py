@@ -9,7 +9,6 @@ and a LoRA sync must deliver to the engine exactly the bits the object-store pat
 from __future__ import annotations
 
 import multiprocessing
-import sys
 import traceback
 from pathlib import Path
 
@@ -62,11 +61,11 @@ def engine(ports: list[int], out: Path, plans) -> None:
         torch.save({"peak": staging.peak, "state": state(model)}, out / f"engine_phase{phase}.pt")
 
 
-def process_context():
-    """fork (fast) unless this pytest worker runs an in-process Ray driver: its threads must not be
-    forked, so the children then come from a clean fork server (one torch import, a few seconds)."""
-    ray = sys.modules.get("ray")
-    if ray is None or not ray.is_initialized():
+def process_context(ray_ran_here: bool):
+    """fork (fast) unless this pytest worker has run an in-process Ray driver: its threads must not
+    be forked, and some of them outlive `ray.shutdown()`, so the children then come from a clean
+    fork server (one torch import, a few seconds)."""
+    if not ray_ran_here:
         return multiprocessing.get_context("fork")
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(["torch", "torch.distributed.fsdp"])
@@ -82,9 +81,9 @@ def guarded(fn, *args) -> None:
         raise SystemExit(1)
 
 
-def test_sharded_ranks_deliver_full_and_lora_weights_with_the_object_store_paths_bits(tmp_path):
+def test_sharded_ranks_deliver_full_and_lora_weights_with_the_object_store_paths_bits(tmp_path, worker_ray):
     ports = free_ports(3)
-    ctx = process_context()
+    ctx = process_context(ray_ran_here=worker_ray.starts > 0)
     plans = ctx.Queue()
     procs = [ctx.Process(target=guarded, args=(train_rank, r, ports, tmp_path, plans)) for r in (0, 1)]
     procs.append(ctx.Process(target=guarded, args=(engine, ports, tmp_path, plans)))

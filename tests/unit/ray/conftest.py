@@ -22,9 +22,9 @@ def tiny_assets(tmp_path_factory, tiny_checkpoint):
     return checkpoint, prompts
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def ray_cluster(local_ray):
-    """The worker's local cluster (tests/unit/conftest.py); its GCS address."""
+    """The worker's local cluster (tests/unit/conftest.py), held for the test; its GCS address."""
     return local_ray.get_runtime_context().gcs_address
 
 

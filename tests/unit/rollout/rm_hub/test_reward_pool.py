@@ -13,7 +13,7 @@ def test_split_evenly_covers_all_samples_in_order():
     assert split_evenly(0, 2) == []
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def ray_session(local_ray):
     return local_ray
 
