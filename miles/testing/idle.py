@@ -1,8 +1,8 @@
 """Session services that end while no test needs them, and start again for the next one that does.
 
 A test worker's Ray cluster is wanted by a few tests of its session and waits through the rest:
-an idle loopback head with its job server takes 23-28 % of a core, an in-process `ray.init`
-cluster 18 %, on the 2-core machines CI runs on. Kept for a whole session on both xdist workers
+an idle loopback head with its job server takes 12-28 % of a core (measured on different days),
+an in-process `ray.init` cluster 18 %, on the 2-core machines CI runs on. Kept for a whole session on both xdist workers
 that was a few hundred CPU-seconds of a suite that is CPU-bound. A service here is ended at the
 start of a test that does not want it, once it has waited `IDLE_S`; a later test that wants it
 starts it again.
@@ -20,9 +20,9 @@ import pytest
 T = TypeVar("T")
 
 # Ending early costs a restart, waiting costs the idle cluster's share of a core. A restart is
-# 5 CPU-s (`ray.init`) to 7-8.5 CPU-s (a head with its job server), idle is 18-28 % of a core:
-# both break even after ~30 s, so waiting that long before ending never costs more than twice
-# the better of the two choices made with hindsight (the ski-rental bound).
+# 5 CPU-s (`ray.init`) to 6-8.5 CPU-s (a head with its job server), idle is 12-28 % of a core:
+# the two break even after 20-70 s of waiting. Waiting that long before ending costs at most
+# twice the better choice made with hindsight (the ski-rental bound); 30 s is near the middle.
 IDLE_S = 30.0
 
 _SERVICES: "weakref.WeakSet[IdleEnded]" = weakref.WeakSet()
