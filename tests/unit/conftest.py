@@ -1,10 +1,12 @@
 import os
 import shutil
 import tempfile
+from unittest import mock
 
 import pytest
 
 from miles.testing.idle import IdleEnded
+from miles.utils.external_utils.ray_cluster import NO_PRESTARTED_WORKERS_ENV
 
 
 def _start_local_ray():
@@ -16,8 +18,11 @@ def _start_local_ray():
     # see no nodes (the "second node never reported alive under the full suite" failures).
     previous_auth_mode = os.environ.get("RAY_AUTH_MODE")
     os.environ["RAY_AUTH_MODE"] = "disabled"
-    ray.init(num_cpus=2, include_dashboard=False, _temp_dir=temp_dir, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": os.getcwd(), "OMP_NUM_THREADS": "1"}})
+    # no workers started ahead of demand, as on the launcher's nodes (ray_cluster.NO_PRESTARTED_WORKERS_ENV):
+    # the tests' drivers and actors carry runtime envs of their own, so two idle workers a start were waste
+    with mock.patch.dict(os.environ, NO_PRESTARTED_WORKERS_ENV):
+        ray.init(num_cpus=2, include_dashboard=False, _temp_dir=temp_dir, log_to_driver=False,
+                 runtime_env={"env_vars": {"PYTHONPATH": os.getcwd(), "OMP_NUM_THREADS": "1"}})
     return ray, temp_dir, previous_auth_mode
 
 
