@@ -43,10 +43,21 @@ def buffer_device(backend: str) -> torch.device:
     return torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
 
 
-def open_group(address: SyncGroupAddress, rank: int):
-    """Join the group (every member at once: the store's host waits for all of them)."""
+def host_store(host: str, timeout_s: float) -> dist.TCPStore:
+    """The group's store, hosted by the sender on a port the OS assigns as it binds (`store.port`):
+    a port found free and bound later can be taken in between by any other process (EADDRINUSE,
+    seen under the parallel test suite)."""
+    return dist.TCPStore(host, 0, None, is_master=True, timeout=datetime.timedelta(seconds=timeout_s),
+                         wait_for_workers=False)
+
+
+def open_group(address: SyncGroupAddress, rank: int, store: dist.TCPStore | None = None):
+    """Join the group (every member at once: the group's set-up waits for all of them); the sender
+    passes the store it hosts already (`host_store`), if it made one."""
     timeout = datetime.timedelta(seconds=address.timeout_s)
-    store = dist.TCPStore(address.host, address.port, address.world_size, is_master=rank == SENDER, timeout=timeout)
+    if store is None:
+        store = dist.TCPStore(address.host, address.port, address.world_size, is_master=rank == SENDER,
+                              timeout=timeout)
     prefixed = dist.PrefixStore(_STORE_PREFIX, store)
     if address.backend == "gloo":
         return dist.ProcessGroupGloo(prefixed, rank, address.world_size, timeout)
@@ -60,9 +71,9 @@ def open_group(address: SyncGroupAddress, rank: int):
 class WeightSender:
     """Train rank 0's end: packs and broadcasts the buckets of each update."""
 
-    def __init__(self, address: SyncGroupAddress, plan: BucketPlan):
+    def __init__(self, address: SyncGroupAddress, plan: BucketPlan, store: dist.TCPStore | None = None):
         self.plan = plan
-        self.group = open_group(address, SENDER)
+        self.group = open_group(address, SENDER, store)
         self.device = buffer_device(address.backend)
         self.last = Staging()
 

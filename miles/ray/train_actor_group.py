@@ -7,7 +7,7 @@ import ray
 from miles.backends.actor import TrainRank, torch_dtype
 from miles.backends.lora import LoraSpec
 from miles.backends.train_offload import resident
-from miles.backends.sync_group import SyncGroupAddress, WeightSender
+from miles.backends.sync_group import SyncGroupAddress, WeightSender, host_store
 from miles.backends.weight_buckets import BucketPlan, plan_buckets, send_buckets
 from miles.backends.rollout_shard import rank_shard
 from miles.backends.types import RolloutBatch, TrainResult
@@ -15,7 +15,6 @@ from miles.ray import faults
 from miles.ray.faults import wait_for
 from miles.utils.debug_faults import fire
 from miles.ray.placement import PlacementPlan, actor_options
-from miles.utils.ports import free_ports
 
 
 class TrainActor(TrainRank):
@@ -27,9 +26,11 @@ class TrainActor(TrainRank):
 
     # bucketed weight sync (miles.ray.weight_sync_group): rank 0 sends, every rank joins the gathers
     def weight_sync_address(self) -> tuple[str, int]:
-        """This node's address and a free port, for rank 0 to host the weight-sync group's store."""
+        """Where rank 0 hosts the weight-sync group's store: this node's address and the port its
+        store is listening on already (the engines connect to it when they join)."""
         host = ray.util.get_node_ip_address()
-        return host, free_ports(1, host)[0]
+        self.sync_store = host_store(host, self.args.remote_timeout_s)
+        return host, self.sync_store.port
 
     def weight_bucket_plan(self, buffer_bytes: int) -> BucketPlan:
         with resident(self.offload, optimizer=False, synced_only=True):  # the plan reads shapes and dtypes
@@ -37,7 +38,7 @@ class TrainActor(TrainRank):
 
     def join_weight_sync(self, address: SyncGroupAddress, plan: BucketPlan) -> None:
         self.bucket_plan = plan
-        self.weight_sender = WeightSender(address, plan) if self.rank == 0 else None
+        self.weight_sender = WeightSender(address, plan, self.sync_store) if self.rank == 0 else None
 
     def send_weights(self) -> int:
         """Rank 0 packs and broadcasts; the others only take part in gathering sharded tensors.
