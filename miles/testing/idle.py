@@ -2,10 +2,9 @@
 
 A test worker's Ray cluster is wanted by a few tests of its session and waits through the rest:
 an idle loopback head with its job server takes 12-28 % of a core (measured on different days),
-an in-process `ray.init` cluster 18 %, on the 2-core machines CI runs on. Kept for a whole session on both xdist workers
-that was a few hundred CPU-seconds of a suite that is CPU-bound. A service here is ended at the
-start of a test that does not want it, once it has waited `IDLE_S`; a later test that wants it
-starts it again.
+an in-process `ray.init` cluster 18 %, on the 2-core machines CI runs on. A service here is ended
+at the start of a test that does not want it, once it has waited `IDLE_S`; a later test that
+wants it starts it again.
 """
 
 from __future__ import annotations
@@ -33,10 +32,10 @@ class IdleEnded(Generic[T]):
     starting it first if it is not running; `wanted_by(item)` says whether a test will use it
     (such a test never ends it first)."""
 
-    def __init__(self, name: str, start: Callable[[], T], stop: Callable[[T], None],
+    def __init__(self, start: Callable[[], T], stop: Callable[[T], None],
                  wanted_by: Callable[[pytest.Item], bool] = lambda item: False,
                  idle_s: float = IDLE_S, clock: Callable[[], float] = time.monotonic):
-        self.name, self._start, self._stop, self.wanted_by = name, start, stop, wanted_by
+        self._start, self._stop, self.wanted_by = start, stop, wanted_by
         self.idle_s, self._clock = idle_s, clock
         self._value: T | None = None
         self._users = 0

@@ -349,7 +349,7 @@ def shared_ray_cluster():
         case = case_of(item)
         return case is not None and case.uses_shared_cluster
 
-    service = IdleEnded("shared Ray cluster", start, stop, wanted_by)
+    service = IdleEnded(start, stop, wanted_by)
     yield service
     service.close()
     assert not survivors, "shared Ray cluster processes survived teardown:\n" + "\n".join(survivors)

@@ -44,7 +44,7 @@ def worker_ray():
     One per worker because `ray.init` may run once per process at a time: two test modules that
     each started their own would fail whenever xdist put them on the same worker.
     """
-    service = IdleEnded("in-process Ray", _start_local_ray, _stop_local_ray,
+    service = IdleEnded(_start_local_ray, _stop_local_ray,
                         wanted_by=lambda item: "local_ray" in item.fixturenames)
     yield service
     service.close()

@@ -17,7 +17,7 @@ class Clock:
 def service(clock, wanted=frozenset()):
     log = []
     made = iter(range(100))
-    svc = IdleEnded("cluster", start=lambda: log.append("start") or f"cluster{next(made)}",
+    svc = IdleEnded(start=lambda: log.append("start") or f"cluster{next(made)}",
                     stop=lambda value: log.append(f"stop {value}"),
                     wanted_by=lambda item: item.name in wanted, clock=clock)
     return svc, log
