@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from miles.backends import checkpoint as ckpt
-from miles.backends.collectives import Collectives
+from miles.backends.collectives import Collectives, host_store
 from miles.backends import fsdp
 from miles.backends.ema import EMA, old_policy_decay
 from miles.backends.loss import (
@@ -59,7 +59,6 @@ from miles.rollout.sde import largest_sigma_below_one, sde_step_on_host
 from miles.rollout.types import Conditioning, SamplingParams
 from miles.utils.batch_rules import ConfigError, high_noise_step_count
 from miles.utils.batching import Pair, expand_pairs, rank_schedule, shard_pairs
-from miles.utils.ports import free_ports
 
 def seed_everything(seed: int) -> None:
     random.seed(seed)
@@ -78,15 +77,18 @@ class TrainRank:
         self.rank, self.world_size = rank, world_size
         self.device = torch.device("cuda" if args.device == "cuda" else "cpu")
         self.optimizer_step = 0
+        self.group_store = None  # rank 0's, once master_address() has been asked
 
     # -- start-up -----------------------------------------------------------------------------
 
     def master_address(self) -> tuple[str, int]:
-        """This node's address and a free port, for rank 0 to host the process group."""
+        """Rank 0: this node's address and the port of the process group's store, which it hosts
+        from now on (the other ranks connect to it as they set up)."""
         import ray
 
         host = ray.util.get_node_ip_address()
-        return host, free_ports(1, host)[0]
+        self.group_store = host_store(host)
+        return host, self.group_store.port
 
     def setup(self, master_addr: str | None = None, master_port: int | None = None) -> None:
         from miles.backends.sharded_load import attach_lora_on_meta, frozen_base_to, materialize_from_checkpoint
@@ -96,7 +98,8 @@ class TrainRank:
         configure_torch(args.deterministic_mode, actor_threads(self.device.type))
         seed_everything(args.seed)  # the same on every rank: LoRA adapters start identical
         self.comm = Collectives(self.device, self.world_size)
-        self.comm.init_process_group(self.rank, master_addr, master_port, always=self.sharded)
+        self.comm.init_process_group(self.rank, master_addr, master_port, always=self.sharded,
+                                     store=self.group_store)
         param_dtype, compute_dtype = torch_dtype(args.param_dtype), torch_dtype(args.compute_dtype)
         self._load_models(param_dtype, compute_dtype)
         self._check_expert_phases()

@@ -19,12 +19,12 @@ that the tensors it saw reduced would be accepted on a GPU rank too
 
 from __future__ import annotations
 
+import datetime
 from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 
-from miles.utils.ports import free_ports
 
 # the device types each torch.distributed backend takes tensors on
 # (gloo has partial CUDA support in some builds; we never rely on it)
@@ -53,6 +53,14 @@ def supported_devices(backend: str) -> frozenset[str]:
     return frozenset(devices)
 
 
+def host_store(host: str, timeout_s: float | None = None) -> dist.TCPStore:
+    """A group's store, hosted by its first member on a port the OS assigns as it binds
+    (`store.port`): a port found free and bound later can be taken in between by any other process
+    (EADDRINUSE, seen under the parallel test suite). The others connect once they are told the port."""
+    timeout = datetime.timedelta(seconds=timeout_s) if timeout_s else dist.constants.default_pg_timeout
+    return dist.TCPStore(host, 0, None, is_master=True, timeout=timeout, wait_for_workers=False)
+
+
 class CollectiveDeviceError(RuntimeError):
     """A collective was handed a tensor on a device its backend does not serve."""
 
@@ -71,14 +79,24 @@ class Collectives:
         self.supported = supported_devices(self.backend)
 
     def init_process_group(self, rank: int, master_addr: str | None, master_port: int | None,
-                           always: bool = False) -> None:
+                           always: bool = False, store: dist.Store | None = None) -> None:
         """Join the group; a world of one has none unless `always` (FSDP2 needs a group even then).
-        A process that already has the group (a second rank object in one test process) keeps it."""
-        if (self.world_size > 1 or always) and not dist.is_initialized():
+        Rank 0 passes the store it hosts already (`host_store`) where it has one; the others
+        connect to it at (master_addr, master_port). A process that already has the group (a second rank object
+        in one test process) keeps it."""
+        if not (self.world_size > 1 or always) or dist.is_initialized():
+            return
+        if store is None and self.world_size == 1:
+            store = dist.HashStore()  # nobody to meet: no port at all
+        elif store is None:
             if master_addr is None:
-                master_addr, master_port = "127.0.0.1", free_ports(1)[0]
-            dist.init_process_group(self.backend, init_method=f"tcp://{master_addr}:{master_port}",
-                                    rank=rank, world_size=self.world_size)
+                raise ValueError(f"rank {rank} of {self.world_size} needs rank 0's address to join the process group")
+            # a store object on every rank, as rank 0 may have one: a `tcp://` init method would put
+            # its keys under a prefix that store does not use, and the ranks would never meet. Rank 0
+            # without one (a test's processes, told a port) hosts it here.
+            store = dist.TCPStore(master_addr, master_port, self.world_size, is_master=rank == 0,
+                                  timeout=dist.constants.default_pg_timeout)
+        dist.init_process_group(self.backend, store=store, rank=rank, world_size=self.world_size)
 
     def check(self, op: str, tensor: torch.Tensor) -> None:
         self.calls.append((op, self.backend, tensor.device.type))

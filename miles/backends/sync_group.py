@@ -43,14 +43,6 @@ def buffer_device(backend: str) -> torch.device:
     return torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
 
 
-def host_store(host: str, timeout_s: float) -> dist.TCPStore:
-    """The group's store, hosted by the sender on a port the OS assigns as it binds (`store.port`):
-    a port found free and bound later can be taken in between by any other process (EADDRINUSE,
-    seen under the parallel test suite)."""
-    return dist.TCPStore(host, 0, None, is_master=True, timeout=datetime.timedelta(seconds=timeout_s),
-                         wait_for_workers=False)
-
-
 def open_group(address: SyncGroupAddress, rank: int, store: dist.TCPStore | None = None):
     """Join the group (every member at once: the group's set-up waits for all of them); the sender
     passes the store it hosts already (`host_store`), if it made one."""

@@ -7,7 +7,8 @@ import ray
 from miles.backends.actor import TrainRank, torch_dtype
 from miles.backends.lora import LoraSpec
 from miles.backends.train_offload import resident
-from miles.backends.sync_group import SyncGroupAddress, WeightSender, host_store
+from miles.backends.collectives import host_store
+from miles.backends.sync_group import SyncGroupAddress, WeightSender
 from miles.backends.weight_buckets import BucketPlan, plan_buckets, send_buckets
 from miles.backends.rollout_shard import rank_shard
 from miles.backends.types import RolloutBatch, TrainResult

@@ -9,6 +9,7 @@ both by the backend in use and by the backend a GPU rank would use.
 
 from __future__ import annotations
 
+import datetime
 import socket
 
 import pytest
@@ -43,7 +44,7 @@ class _TwoIdenticalRanks(Collectives):
     real two-process gloo group runs in tests/unit/ray/test_data_parallel.py.
     """
 
-    def init_process_group(self, rank, master_addr, master_port, always=False):
+    def init_process_group(self, rank, master_addr, master_port, always=False, store=None):
         pass
 
     def all_reduce(self, tensor, op="sum"):
@@ -82,3 +83,20 @@ def test_every_collective_of_a_train_step_gets_tensors_the_cpu_and_the_gpu_backe
     assert metrics["train/model_output_max_abs_diff"] == 0.0
     # the same assertion against the old NCCL-only group fails on the metric tensors: the bug caught
     assert any(device not in supported_devices("nccl") for _, _, device in calls)
+
+
+def test_rank_zero_reports_the_port_its_group_store_is_already_listening_on():
+    """Rank 0 used to report a port found free and bind it later, when it set up; any process
+    could take the port in between (EADDRINUSE under the parallel suite). Now the port it reports
+    is one its store holds already: nothing else can bind it, and a rank connecting finds it."""
+    import torch.distributed as dist
+
+    from miles.backends.actor import TrainRank
+
+    rank0 = TrainRank.__new__(TrainRank)  # master_address reads nothing of the rank's set-up
+    host, port = rank0.master_address()
+    with socket.socket() as other, pytest.raises(OSError):
+        other.bind((host, port))
+    peer = dist.TCPStore(host, port, is_master=False, timeout=datetime.timedelta(seconds=30))
+    peer.set("joined", "1")
+    assert rank0.group_store.get("joined") == b"1"
