@@ -323,6 +323,11 @@ def conditioning_shapes(family: str, transformer, length: int | None) -> dict[st
     if family == "ltx":
         n = length or 128
         return {"encoder_hidden_states": ((1, n, cfg.caption_channels), True), "encoder_attention_mask": ((1, n), False)}
+    if family == "ltx2":  # the connectors' outputs: the video and audio streams' text, one mask
+        n = length or 1024
+        return {"encoder_hidden_states": ((1, n, cfg.cross_attention_dim), True),
+                "audio_encoder_hidden_states": ((1, n, cfg.audio_cross_attention_dim), True),
+                "encoder_attention_mask": ((1, n), False)}
     raise ValueError(f"no conditioning shapes for family {family!r}")
 
 

@@ -99,6 +99,10 @@ GEOMETRY = {
     "wan2_2": Geometry(8, 4, (1, 2, 2), 16, False, 4, 16.0 + 2 * (1 + 2.7)),
     "ltx": Geometry(32, 8, (1, 1, 1), 128, False, 0, 16.0),
     "cosmos3": Geometry(8, 4, (1, 2, 2), 16, False, 4, 8.0),
+    # LTX-2: the video tokens counted (the audio stream, ~26 tokens a second at half the width, adds
+    # about 1-2 % at the recipes' sizes); attention LoRA on its six attentions: two video-wide
+    # (self, text), two audio-wide (half), the audio-video pair (between) -> 2 x 8 + 2 x 4 + 2 x 6
+    "ltx2": Geometry(32, 8, (1, 1, 1), 128, False, 0, 36.0),
 }
 
 
@@ -282,7 +286,7 @@ def _tokens(ns: Namespace, geo: Geometry, text_tokens: int) -> tuple[int, int]:
 
 
 def _text_tokens(ns: Namespace) -> int:
-    defaults = {"sd3": 77 + 256, "qwen_image": 512, "wan2_2": 512, "ltx": 128, "cosmos3": 512}
+    defaults = {"sd3": 77 + 256, "qwen_image": 512, "wan2_2": 512, "ltx": 128, "cosmos3": 512, "ltx2": 1024}
     return ns.diffusion_max_sequence_length or defaults[ns.diffusion_model_family]
 
 
@@ -291,7 +295,7 @@ def _pairs_per_forward(ns: Namespace, plan) -> int:
 
 
 # families whose pipeline (and engine) guides in one call on [negative; prompt] (FamilyModule.cfg_in_one_call)
-CFG_IN_ONE_CALL = ("sd3", "ltx")
+CFG_IN_ONE_CALL = ("sd3", "ltx", "ltx2")
 
 
 def _guided(ns: Namespace) -> bool:

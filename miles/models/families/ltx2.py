@@ -21,7 +21,7 @@ alone, as every other family does (the trainer's recompute and the memory replay
 The flow/SDE step and log-probs (elementwise means) cover the joint state; the padding slots
 follow the same law under every policy (velocity 0), so they cancel in a ratio of two policies'
 log-probs but dilute its mean by `padding / (f * h * (w + r))` (LTX-2.3 at 768x512, 121 frames:
-130 of 6400 slots).
+130 of 6400 slots; at 25 frames 38 of 1600).
 
 `num_frames` must be `(f - 1) * temporal_compression + 1` (the pipeline's rule for whole latent
 frames), so that the audio length follows from f. The video VAE decodes the frames; audio is not
