@@ -9,10 +9,11 @@ What it trains:
 Prerequisites:
     --scale full: `<model-dir>/LTX-2.3` (diffusers layout; else fetched from the Hub's
     diffusers/LTX-2.3-Diffusers) and `<model-dir>/PickScore_v1` (a CLIPModel folder with its
-    tokenizer and image processor). Today a full launch of the released LTX-2.3 is refused before
-    anything is fetched: it is an LTX-2 audio-video model (`LTX2VideoTransformer3DModel`, Gemma-3
-    text encoder), and the `ltx` family runs LTX-Video (`LTXVideoTransformer3DModel`). A folder
-    you place at `<model-dir>/LTX-2.3` is checked by the preflight instead.
+    tokenizer and image processor). The released LTX-2.3 is an LTX-2 audio-video model
+    (`LTX2VideoTransformer3DModel`, Gemma-3 text encoder), which the `ltx2` family runs; this
+    recipe still runs the `ltx` family (LTX-Video, `LTXVideoTransformer3DModel`), so a full launch
+    is refused before anything is fetched, naming `ltx2`. A folder you place at
+    `<model-dir>/LTX-2.3` is checked by the preflight instead.
 
 GPU layout (--scale full, 1 node, 5 GPUs):
     GPU 0-3   one train rank + one rollout engine each (sharing the GPU), 4 data-parallel ranks
