@@ -94,7 +94,7 @@ RELEASED: dict[str, dict[str, Any]] = {
             "feed_forward_proj": "relu"}, "T5Config"),
         "vae": _c("diffusers", "AutoencoderKLWan", {"base_dim": 96, "z_dim": 16}),
     }),
-    # LTX-2.3 in diffusers layout (LTX2Pipeline). Transcribed from diffusers' own converter,
+    # LTX-2.3 in diffusers layout (LTX2Pipeline; the Hub repository diffusers/LTX-2.3-Diffusers). Transcribed from diffusers' own converter,
     # scripts/convert_ltx2_to_diffusers.py at huggingface/diffusers 58eb52c0 (its `version == "2.3"`
     # branches: transformer, connectors, video VAE, audio VAE, vocoder; the video VAE without
     # timestep conditioning, the converter's default), every key of those branches kept. Its text
@@ -102,7 +102,7 @@ RELEASED: dict[str, dict[str, Any]] = {
     # loaded whole as Gemma3ForConditionalGeneration, the SigLIP vision tower included: the
     # pipeline loads it though it encodes text only): text and vision configs from Gemma-3-12B's
     # config.json.
-    "LTX-2.3": _checkpoint("ltx2", {
+    "LTX-2.3-Diffusers": _checkpoint("ltx2", {
         "transformer": _c("diffusers", "LTX2VideoTransformer3DModel", {
             "in_channels": 128, "out_channels": 128, "patch_size": 1, "patch_size_t": 1, "num_attention_heads": 32,
             "attention_head_dim": 128, "cross_attention_dim": 4096, "vae_scale_factors": [8, 32, 32],
