@@ -108,3 +108,53 @@ def test_ltx2_state_splits_and_joins_back(tiny_checkpoint):
     assert torch.equal(slots[:, :na], audio) and not slots[:, na:].any()
     with pytest.raises(ValueError, match="k \\* 4 \\+ 1"):
         model.latent_shape(SIZE, SIZE, 6)
+
+
+def released_ltx2(root, tiny):
+    """An ltx2 directory in the released layout (diffusers/LTX-2.3-Diffusers'): the text encoder a
+    whole Gemma3ForConditionalGeneration (a tiny SigLIP tower beside the text model of `tiny`'s
+    width and depth), and a vocoder the model index names under the pipeline's own library,
+    ["ltx2", ...]; no `_miles_family`, so the loader detects the family from LTX2Pipeline."""
+    import json
+    import shutil
+
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration
+
+    shutil.copytree(tiny, root)
+    text = json.loads((tiny / "text_encoder" / "config.json").read_text())
+    keys = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+            "head_dim", "vocab_size", "max_position_embeddings", "pad_token_id", "bos_token_id", "eos_token_id")
+    config = Gemma3Config(text_config={k: text[k] for k in keys}, mm_tokens_per_image=4,
+                          vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                             num_attention_heads=2, patch_size=14, image_size=28))
+    torch.manual_seed(0)
+    shutil.rmtree(root / "text_encoder")
+    Gemma3ForConditionalGeneration(config).save_pretrained(root / "text_encoder")
+    from miles.models.loader import load_model
+
+    tiny_vocoder(load_model(tiny).parts["audio_vae"]).save_pretrained(root / "vocoder")
+    index = json.loads((tiny / "model_index.json").read_text())
+    index.pop("_miles_family")
+    index.update(text_encoder=["transformers", "Gemma3ForConditionalGeneration"], vocoder=["ltx2", "LTX2Vocoder"])
+    (root / "model_index.json").write_text(json.dumps(index))
+    return root
+
+
+@pytest.fixture(scope="module")
+def released_ltx2_dir(tmp_path_factory, tiny_checkpoint):
+    return released_ltx2(tmp_path_factory.mktemp("released") / "ltx2", tiny_checkpoint("ltx2"))
+
+
+def test_released_layout_ltx2_matches_the_pipeline_and_holds_what_it_names(released_ltx2_dir):
+    from miles.models.loader import load_model
+
+    from miles.utils.checkpoint_layout import missing_parts, pixel_grid
+
+    assert missing_parts(released_ltx2_dir, ("vae", "transformer", "connectors", "audio_vae")) == []
+    assert pixel_grid(released_ltx2_dir).spatial == 16 and pixel_grid(released_ltx2_dir).frames_ok(FRAMES)
+    model = load_model(released_ltx2_dir)
+    assert model.family == "ltx2" and type(model.parts["vocoder"]).__name__ == "LTX2Vocoder"
+    assert type(model.parts["text_encoder"]).__name__ == "Gemma3ForConditionalGeneration"
+    diffs = run(released_ltx2_dir, 3, 2)
+    print(f"ltx2 released layout parity: video/audio latents, frames rel diff {diffs}")
+    assert max(diffs) <= 1e-5
