@@ -31,6 +31,9 @@ class FamilyFacts:
     # components a checkpoint needs besides the transformer(s), text_encoder, tokenizer, vae and
     # scheduler (LTX-2: its text connectors and audio VAE)
     extra_components: tuple[str, ...] = ()
+    # whether SFT media (images, videos) encode into the sampler's state (`FamilyModule.encode_images`);
+    # LTX-2's state holds audio latents too, which frames do not give
+    encodes_media: bool = True
 
     @property
     def num_experts(self) -> int:
@@ -51,7 +54,8 @@ FAMILIES: dict[str, FamilyFacts] = {
                     boundary_ratio=0.875, transformer_class="WanTransformer3DModel"),
         # before "ltx", whose pattern also occurs in LTX-2 names (match_family takes the first match)
         FamilyFacts("ltx2", ("ltx-2", "ltx2", "ltx_2"), True, False, ("transformer",), 3.0, "cps", _ATTENTION,
-                    transformer_class="LTX2VideoTransformer3DModel", extra_components=("connectors", "audio_vae")),
+                    transformer_class="LTX2VideoTransformer3DModel", extra_components=("connectors", "audio_vae"),
+                    encodes_media=False),
         FamilyFacts("ltx", ("ltx",), True, False, ("transformer",), 3.0, "cps", _ATTENTION,
                     transformer_class="LTXVideoTransformer3DModel"),
         FamilyFacts("cosmos3", ("cosmos3", "cosmos-3", "cosmos"), False, True, ("transformer",), 3.0, "sde", _ATTENTION,
