@@ -1,27 +1,28 @@
-"""Flow-GRPO with PickScore on LTX video (full finetune, CPS SDE, unguided).
+"""Flow-GRPO with PickScore on LTX-2.3 video (full finetune, CPS SDE, unguided).
 
 What it trains:
-    The LTX video transformer with Flow-GRPO, each video scored by PickScore (the mean over a
-    few of its frames). LTX samples without classifier-free guidance (one forward per step),
+    The LTX-2.3 audio-video transformer with Flow-GRPO, each video scored by PickScore (the mean
+    over a few of its frames). LTX samples without classifier-free guidance (one forward per step),
     and its exploration noise comes from the CPS SDE (`--diffusion-sde-type cps`), whose noise
     at each step is sigma_next * sin(a * pi / 2) and whose log-prob drops the constants.
 
 Prerequisites:
     --scale full: `<model-dir>/LTX-2.3` (diffusers layout; else fetched from the Hub's
     diffusers/LTX-2.3-Diffusers) and `<model-dir>/PickScore_v1` (a CLIPModel folder with its
-    tokenizer and image processor). Today a full launch of the released LTX-2.3 is refused before
-    anything is fetched: it is an LTX-2 audio-video model (`LTX2VideoTransformer3DModel`, Gemma-3
-    text encoder), and the `ltx` family runs LTX-Video (`LTXVideoTransformer3DModel`). A folder
-    you place at `<model-dir>/LTX-2.3` is checked by the preflight instead.
+    tokenizer and image processor). LTX-2.3 is an LTX-2 audio-video model
+    (`LTX2VideoTransformer3DModel`, Gemma-3 text encoder, text connectors, video and audio VAEs),
+    which the `ltx2` family runs at every scale: the sampler's state joins the video and the audio
+    latents (miles/models/families/ltx2.py) and the reward scores the video frames.
 
-GPU layout (--scale full, 1 node, 5 GPUs):
-    GPU 0-3   one train rank + one rollout engine each (sharing the GPU), 4 data-parallel ranks
+GPU layout (--scale full, 1 node, 5 H200 141 GB GPUs):
+    GPU 0-3   one train rank + one rollout engine each (sharing the GPU, taking turns on it:
+              offloaded between phases), 4 FSDP ranks sharding the 19 B transformer
     GPU 4     PickScore: 4 reward workers at 0.25 GPU each
 
 Scales (--scale):
-    full       LTX and PickScore, 512x768 px x 25 frames, 8 prompts x 8 samples, 5 GPUs
-    gpu-proxy  our proxy-size ltx and a tiny CLIP, 256 px x 9 frames, same 5-GPU layout
-    cpu-proxy  our tiny ltx and tiny CLIP, 64 px x 9 frames, 2 CPU train ranks, CPU reward actor
+    full       LTX-2.3 and PickScore, 512x768 px x 25 frames, 8 prompts x 8 samples, 5 GPUs
+    gpu-proxy  our proxy-size ltx2 and a tiny CLIP, 256 px x 9 frames, same 5-GPU layout
+    cpu-proxy  our tiny ltx2 and tiny CLIP, 64 px x 9 frames, 2 CPU train ranks, CPU reward actor
 
 Example:
     python3 scripts/run_diffusion_grpo_ltx23_sglang.py
@@ -37,10 +38,11 @@ from typing import Literal, Optional
 
 import miles.utils.external_utils.command_utils as U
 
-FAMILY = "ltx"
+FAMILY = "ltx2"
 RELEASED_CHECKPOINT = "LTX-2.3"  # under --model-dir (--scale full), beside PickScore_v1
-# the H100 80GB GPUs this recipe is laid out for; the memory plan checks its estimate against them
-GPU_MEMORY_GB = 80
+# the H200 141GB GPUs this recipe is laid out for (LTX-2.3 pipeline: 35 B params, 66 GiB in bfloat16 per
+# engine); the memory plan checks its estimate against them
+GPU_MEMORY_GB = 141
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -54,7 +56,7 @@ class _Scale(U.ColocatedScale):
 
 _SCALES: dict[str, _Scale] = {
     "full": _Scale(
-        U.FULL_SCALE, train_ranks=4, height=512, width=768, frames=25, num_steps=20, sde_window_max_start=6,
+        U.FULL_SCALE, train_ranks=4, sharded=True, height=512, width=768, frames=25, num_steps=20, sde_window_max_start=6,
         rollout_batch_size=8, n_samples_per_prompt=8, tile_samples=4, reward_gpus=1, rm_num_workers=4,
         num_prompts=4000, num_rollout=200, eval_interval=10, save_interval=20,
     ),
@@ -74,8 +76,8 @@ _SCALES: dict[str, _Scale] = {
 @dataclass
 class ScriptArgs(U.ScaledRecipeArgs):
     scale: Literal["full", "gpu-proxy", "cpu-proxy"] = U.scale_option(
-        "full: LTX and PickScore on 5 GPUs; gpu-proxy: our proxy-size ltx and a tiny CLIP on the "
-        "same GPUs; cpu-proxy: our tiny ltx on CPU slots.")
+        "full: LTX-2.3 and PickScore on 5 GPUs; gpu-proxy: our proxy-size ltx2 and a tiny CLIP on the "
+        "same GPUs; cpu-proxy: our tiny ltx2 on CPU slots.")
     num_rollout: Optional[int] = U.num_rollout_option(_SCALES)
 
 

@@ -25,6 +25,7 @@ from safetensors import safe_open
 from miles.models.runtime import quiet_libraries
 from miles.models.registry import FamilySpec, detect_family, get_family
 from miles.models.conditioning import Conditioning
+from miles.utils.checkpoint_layout import is_diffusers_library, library_module
 from miles.utils.dotted_path import DottedPathError, load_callable
 from miles.utils.families import get_family_facts
 from miles.utils.schedule import (
@@ -64,7 +65,7 @@ def _component_class(name: str, library: str, class_name: str):
     # and never loads a model; diffusers and transformers take it 2 s to import
     quiet_libraries()
     try:
-        return load_callable(f"{library}:{class_name}", f"component {name!r}: class")
+        return load_callable(f"{library_module(library)}:{class_name}", f"component {name!r}: class")
     except DottedPathError as e:
         raise CheckpointError(str(e)) from e
 
@@ -74,7 +75,7 @@ def _load_component(name: str, library: str, class_name: str, folder: Path, dtyp
     kwargs = {}
     if issubclass(cls, torch.nn.Module):
         # load straight into the wanted dtype; diffusers and transformers name the argument differently
-        kwargs = {"torch_dtype": dtype} if library == "diffusers" else {"dtype": dtype}
+        kwargs = {"torch_dtype": dtype} if is_diffusers_library(library) else {"dtype": dtype}
     try:
         loaded = cls.from_pretrained(str(folder), **kwargs)
     except Exception as e:  # the libraries raise many kinds; say which component failed
@@ -93,7 +94,7 @@ def _empty_component(name: str, library: str, class_name: str, folder: Path, dty
     its buffers computed on the host as `from_pretrained` computes them: a sharded trainer fills
     each rank's rows later (miles.backends.sharded_load), so no rank ever holds the whole weights."""
     cls = _component_class(name, library, class_name)
-    if library != "diffusers" or not hasattr(cls, "from_config"):
+    if not is_diffusers_library(library) or not hasattr(cls, "from_config"):
         raise CheckpointError(f"component {name!r} ({library}:{class_name}) cannot be built empty: only a "
                               f"diffusers model can; load it whole")
     if dtype != torch.float32 and getattr(cls, "_keep_in_fp32_modules", None):
@@ -120,7 +121,7 @@ def _meta_component(name: str, library: str, class_name: str, folder: Path, dtyp
     torch.set_default_dtype(dtype if dtype.is_floating_point else default)  # built in dtype, as from_pretrained does
     try:
         with torch.device("meta"):
-            if library == "diffusers":
+            if is_diffusers_library(library):
                 module = cls.from_config(cls.load_config(str(folder)))
             else:
                 module = cls(cls.config_class.from_pretrained(str(folder)))
@@ -403,8 +404,9 @@ def select_rows(cond: Conditioning, rows: list[int]) -> Conditioning:
     return Conditioning(pick(cond.positive), pick(cond.negative))
 
 
-# conditioning parts: only prompt encoding reads them (an engine; a trainer only under SFT)
-TEXT_PARTS = ("text_encoder", "tokenizer")
+# conditioning parts: only prompt encoding reads them (an engine; a trainer only under SFT); LTX-2's
+# text connectors turn the text encoder's states into the transformer's conditioning
+TEXT_PARTS = ("text_encoder", "tokenizer", "connectors")
 
 
 def load_model(path: str | Path, family: str | None = None, device: str | torch.device = "cpu",

@@ -32,6 +32,7 @@ _MODULES = {
     "wan2_2": "miles.models.families.wan2_2:Wan22",
     "ltx": "miles.models.families.ltx:LTX",
     "cosmos3": "miles.models.families.cosmos3:Cosmos3",
+    "ltx2": "miles.models.families.ltx2:LTX2",
 }
 
 
@@ -45,7 +46,8 @@ def get_family(name: str) -> FamilySpec:
     return FamilySpec(
         name=facts.name,
         pipeline_class=module.pipeline_class,
-        components=tuple(facts.transformer_components) + ("text_encoder", "tokenizer", "vae", "scheduler"),
+        components=(tuple(facts.transformer_components) + ("text_encoder", "tokenizer", "vae") + facts.extra_components
+                    + ("scheduler",)),
         transformer_components=facts.transformer_components,
         is_video=facts.is_video,
         guided=facts.guided,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from miles.utils.checkpoint_layout import is_diffusers_library, library_module
 from miles.utils.dotted_path import load_callable
 from miles.utils.model_table import OWN_SIZES, RELEASED, TABLE_PATH, _c, _checkpoint, own_key
 
@@ -24,7 +25,7 @@ def _own_specs() -> dict[str, dict[str, Any]]:
         for size in OWN_SIZES:
             comps = {}
             for name, spec in family_module(family).components(size).items():
-                if spec.class_name == "PreTrainedTokenizerFast" or spec.library not in ("diffusers", "transformers"):
+                if spec.class_name == "PreTrainedTokenizerFast":
                     continue
                 comps[name] = _c(spec.library, spec.class_name, dict(spec.config), spec.config_class)
             out[own_key(family, size)] = _checkpoint(family, comps)
@@ -34,9 +35,9 @@ def _own_specs() -> dict[str, dict[str, Any]]:
 def _count(component: dict[str, Any]) -> dict[str, Any]:
     import torch
 
-    cls = load_callable(f"{component['library']}:{component['class']}", "component class")
+    cls = load_callable(f"{library_module(component['library'])}:{component['class']}", "component class")
     with torch.device("meta"):
-        if component["library"] == "diffusers":
+        if is_diffusers_library(component["library"]):
             module = cls.from_config(component["config"])
         else:
             config = load_callable(f"transformers:{component['config_class']}", "component config class")

@@ -17,7 +17,7 @@ FIT_VERSION = 1  # recorded in model_index.json; bump when the fit changes, so c
 # what create_checkpoint fits at size tiny (vae_fit): each under ~10 s on one core. The Wan and
 # Qwen-Image VAEs (causal 3D convolutions) take about 18-20 s and fit worse in that budget, so
 # they stay random.
-FITTED_VAES = ("AutoencoderKL", "AutoencoderKLLTXVideo")
+FITTED_VAES = ("AutoencoderKL", "AutoencoderKLLTXVideo", "AutoencoderKLLTX2Video")
 
 
 def checkpoint_name(family: str, size: str, seed: int) -> str:

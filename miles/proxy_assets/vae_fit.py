@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 
 # VAEs whose encode/decode take videos [B, C, F, H, W]; images are fitted as one-frame videos
-VIDEO_VAES = ("AutoencoderKLQwenImage", "AutoencoderKLWan", "AutoencoderKLLTXVideo")
+VIDEO_VAES = ("AutoencoderKLQwenImage", "AutoencoderKLWan", "AutoencoderKLLTXVideo", "AutoencoderKLLTX2Video")
 SUPPORTED_VAES = ("AutoencoderKL",) + VIDEO_VAES  # what fit_vae can fit
 
 
@@ -125,7 +125,7 @@ def _set_latent_normalisation(vae, mean: torch.Tensor, std: torch.Tensor) -> Non
 
     mean/std are per channel. AutoencoderKL (SD3: z = latents / scaling_factor + shift_factor) has
     one scalar each; Qwen-Image/Wan (z = latents * latents_std + latents_mean) have config lists;
-    LTX (z = latents * latents_std / scaling_factor + latents_mean) has buffers.
+    LTX and LTX-2 (z = latents * latents_std / scaling_factor + latents_mean) have buffers.
     """
     rounded = lambda t: [round(float(x), 4) for x in t]  # noqa: E731 - short, written once to JSON
     name = type(vae).__name__
@@ -135,7 +135,7 @@ def _set_latent_normalisation(vae, mean: torch.Tensor, std: torch.Tensor) -> Non
         vae.register_to_config(scaling_factor=round(1.0 / overall_std, 4), shift_factor=round(overall_mean, 4))
     elif name in ("AutoencoderKLQwenImage", "AutoencoderKLWan"):
         vae.register_to_config(latents_mean=rounded(mean), latents_std=rounded(std))
-    elif name == "AutoencoderKLLTXVideo":
+    elif name in ("AutoencoderKLLTXVideo", "AutoencoderKLLTX2Video"):
         scaling = float(vae.config.scaling_factor)
         vae.latents_mean.copy_(torch.tensor(rounded(mean)))
         vae.latents_std.copy_(torch.tensor(rounded(std * scaling)))

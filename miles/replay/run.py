@@ -59,6 +59,11 @@ RANK, ENGINE, REWARD = "train rank", "engine", "reward worker"
 # blocks, then 0.469 GiB a block from 3 to 4 and from 4 to 6; Wan2.2 SFT's host memory settles at 4
 # (measured here, see docs/memory-plan.md)
 _DEPTHS = (4, 5)
+# a family whose train-step peak changes moment later: LTX-2.3's full finetune peaks in the backward
+# (activations, 0.72 GiB a block from 4 to 6 blocks) while few blocks hold little AdamW state, and at
+# the optimizer step (1.55 GiB a block: fp32 rows, grads, two moments, / 4 ranks) from ~13 blocks on;
+# replayed at 4 and 5 blocks its train phase extrapolates to 45.6 GiB where 48 blocks measure 74.7
+_DEPTHS_OF = {"ltx2": (16, 17)}
 
 
 class ReplayUnavailable(ValueError):
@@ -125,9 +130,9 @@ def replay(ns: Namespace, plan, blocks: int | None = None, extrapolate: bool = F
     configs = [s["config"] for n, s in specs.items() if n.startswith("transformer")]
     real = max(block_count(c) or 0 for c in configs)
     dual = max(dual_blocks(c) for c in configs)
-    if not extrapolate:
+    low, high = _DEPTHS_OF.get(family, _DEPTHS)
+    if not extrapolate or real <= high:  # (a proxy shallower than the replayed depths: replayed as it is)
         return _replay_once(ns, plan, key, blocks)
-    low, high = _DEPTHS
     base = _replay_once(ns, plan, key, low, min(dual, low) if dual else None)
     if not dual:  # identical blocks: base + (B - low) x one block
         return _extrapolated(base, [(_replay_once(ns, plan, key, high), real - low)])
@@ -323,6 +328,11 @@ def conditioning_shapes(family: str, transformer, length: int | None) -> dict[st
     if family == "ltx":
         n = length or 128
         return {"encoder_hidden_states": ((1, n, cfg.caption_channels), True), "encoder_attention_mask": ((1, n), False)}
+    if family == "ltx2":  # the connectors' outputs: the video and audio streams' text, one mask
+        n = length or 1024
+        return {"encoder_hidden_states": ((1, n, cfg.cross_attention_dim), True),
+                "audio_encoder_hidden_states": ((1, n, cfg.audio_cross_attention_dim), True),
+                "encoder_attention_mask": ((1, n), False)}
     raise ValueError(f"no conditioning shapes for family {family!r}")
 
 

@@ -17,6 +17,18 @@ INDEX = "model_index.json"
 WEIGHT_SUFFIXES = (".safetensors", ".bin")
 
 
+def library_module(library: str) -> str:
+    """The module a model_index.json library name loads classes from, as diffusers resolves it: a
+    component of a pipeline's own (LTX-2's connectors: ["ltx2", "LTX2TextConnectors"]) names the
+    pipeline's folder, diffusers.pipelines.<name>."""
+    return library if library in ("diffusers", "transformers") else f"diffusers.pipelines.{library}"
+
+
+def is_diffusers_library(library: str) -> bool:
+    """Whether a component of this library is a diffusers class (built with from_config, torch_dtype)."""
+    return library != "transformers"
+
+
 def _read_json(path: Path) -> dict | None:
     try:
         data = json.loads(path.read_text())

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-FAMILY_NAMES = ("sd3", "qwen_image", "wan2_2", "ltx", "cosmos3")
+FAMILY_NAMES = ("sd3", "qwen_image", "wan2_2", "ltx", "cosmos3", "ltx2")
 
 _ATTENTION = ("to_q", "to_k", "to_v", "to_out.0")
 
@@ -28,6 +28,12 @@ class FamilyFacts:
     # SDE noise to train on); the shift does not change them
     edm_sigmas: bool = False
     transformer_class: str = ""  # the diffusers class each transformer component must be
+    # components a checkpoint needs besides the transformer(s), text_encoder, tokenizer, vae and
+    # scheduler (LTX-2: its text connectors and audio VAE)
+    extra_components: tuple[str, ...] = ()
+    # whether SFT media (images, videos) encode into the sampler's state (`FamilyModule.encode_images`);
+    # LTX-2's state holds audio latents too, which frames do not give
+    encodes_media: bool = True
 
     @property
     def num_experts(self) -> int:
@@ -46,6 +52,10 @@ FAMILIES: dict[str, FamilyFacts] = {
         FamilyFacts("wan2_2", ("wan2.2", "wan2_2", "wan22", "wan-2.2"), True, True,
                     ("transformer", "transformer_2"), 12.0, "sde", _ATTENTION + ("ffn.net.0.proj", "ffn.net.2"),
                     boundary_ratio=0.875, transformer_class="WanTransformer3DModel"),
+        # before "ltx", whose pattern also occurs in LTX-2 names (match_family takes the first match)
+        FamilyFacts("ltx2", ("ltx-2", "ltx2", "ltx_2"), True, False, ("transformer",), 3.0, "cps", _ATTENTION,
+                    transformer_class="LTX2VideoTransformer3DModel", extra_components=("connectors", "audio_vae"),
+                    encodes_media=False),
         FamilyFacts("ltx", ("ltx",), True, False, ("transformer",), 3.0, "cps", _ATTENTION,
                     transformer_class="LTXVideoTransformer3DModel"),
         FamilyFacts("cosmos3", ("cosmos3", "cosmos-3", "cosmos"), False, True, ("transformer",), 3.0, "sde", _ATTENTION,

@@ -47,8 +47,9 @@ offload (--offload-train / --offload-rollout, --colocate only): a train GPU's pe
 engine (one per rollout GPU): every component of the pipeline (transformers, text encoders,
   VAE) in r, plus one forward's block activations (no graph) over its batch (the microgroup, twice
   that where the family guides in one call), plus the VAE decoder's peak (VAE_DECODE_MAPS feature
-  maps of VAE_DECODE_CHANNELS channels at pixel resolution over one decoded chunk of each sample of
-  the microgroup, decoded together), plus the trajectories it holds in fp32
+  maps of VAE_DECODE_CHANNELS channels at pixel resolution, or at 1 / decode_stride of it in each
+  direction for a VAE that unpatchifies last, over one decoded chunk of each sample of the
+  microgroup, decoded together), plus the trajectories it holds in fp32
 reward worker: its scorer's parameters in fp32 (PickScore: a CLIP model), times the workers
   sharing a GPU
 every process on a GPU: CUDA_CONTEXT_GIB for the CUDA context, cuBLAS/NCCL workspaces
@@ -90,6 +91,9 @@ class Geometry:
     joint_text: bool  # text tokens go through every block with the image tokens (MMDiT)
     decode_chunk_frames: int  # frames the VAE decodes at once (0: all)
     lora_linears_per_block: float  # LoRA adapter width per block, in units of hidden (r x this x hidden)
+    # the VAE decoder's largest maps are at (height / this) x (width / this): LTX-2's decoder ends at a
+    # quarter of the pixel grid (128 channels) and unpatchifies 4 x 4 pixels from there
+    decode_stride: int = 1
 
 
 GEOMETRY = {
@@ -99,6 +103,10 @@ GEOMETRY = {
     "wan2_2": Geometry(8, 4, (1, 2, 2), 16, False, 4, 16.0 + 2 * (1 + 2.7)),
     "ltx": Geometry(32, 8, (1, 1, 1), 128, False, 0, 16.0),
     "cosmos3": Geometry(8, 4, (1, 2, 2), 16, False, 4, 8.0),
+    # LTX-2: the video tokens counted (the audio stream, ~26 tokens a second at half the width, adds
+    # about 1-2 % at the recipes' sizes); attention LoRA on its six attentions: two video-wide
+    # (self, text), two audio-wide (half), the audio-video pair (between) -> 2 x 8 + 2 x 4 + 2 x 6
+    "ltx2": Geometry(32, 8, (1, 1, 1), 128, False, 0, 36.0, decode_stride=4),
 }
 
 
@@ -282,7 +290,7 @@ def _tokens(ns: Namespace, geo: Geometry, text_tokens: int) -> tuple[int, int]:
 
 
 def _text_tokens(ns: Namespace) -> int:
-    defaults = {"sd3": 77 + 256, "qwen_image": 512, "wan2_2": 512, "ltx": 128, "cosmos3": 512}
+    defaults = {"sd3": 77 + 256, "qwen_image": 512, "wan2_2": 512, "ltx": 128, "cosmos3": 512, "ltx2": 1024}
     return ns.diffusion_max_sequence_length or defaults[ns.diffusion_model_family]
 
 
@@ -291,7 +299,7 @@ def _pairs_per_forward(ns: Namespace, plan) -> int:
 
 
 # families whose pipeline (and engine) guides in one call on [negative; prompt] (FamilyModule.cfg_in_one_call)
-CFG_IN_ONE_CALL = ("sd3", "ltx")
+CFG_IN_ONE_CALL = ("sd3", "ltx", "ltx2")
 
 
 def _guided(ns: Namespace) -> bool:
@@ -457,7 +465,8 @@ def _engine(ns: Namespace, plan, facts: ModelFacts, geo: Geometry) -> tuple[Role
     frames = ns.diffusion_output_num_frames
     chunk = frames if geo.decode_chunk_frames == 0 else min(frames, geo.decode_chunk_frames)
     terms.append((f"VAE decode of {group} x {chunk} frame(s)",
-                  VAE_DECODE_MAPS * VAE_DECODE_CHANNELS * group * chunk * ns.diffusion_height * ns.diffusion_width * r))
+                  VAE_DECODE_MAPS * VAE_DECODE_CHANNELS * group * chunk * (ns.diffusion_height // geo.decode_stride)
+                  * (ns.diffusion_width // geo.decode_stride) * r))
     latent = image * geo.latent_channels * math.prod(geo.patch)
     steps = ns.diffusion_num_steps
     per_sample = (steps + 1 + (steps if ns.diffusion_debug_mode else 0)) * latent * 4

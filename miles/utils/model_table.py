@@ -8,8 +8,7 @@ headers: `miles.utils.memory_plan.read_checkpoint`). This table covers the rest:
   checkpoints the full-scale recipes name, TRANSCRIBED BY HAND from their published
   `config.json` files (not read from the checkpoints, which are not in this repository). Only
   the keys that change parameter counts are kept; the class defaults supply the rest.
-  A checkpoint missing here (LTX-2.3: its transformer is not the LTX-Video class this project
-  loads) gets "estimate unavailable", never a guess.
+  A checkpoint missing here gets "estimate unavailable", never a guess.
 - Our own checkpoints (`miles-<family>-<size>-seed<N>`): the configs `create_checkpoint` writes
   for that family and size.
 
@@ -94,6 +93,76 @@ RELEASED: dict[str, dict[str, Any]] = {
             "d_model": 1024, "d_ff": 65536, "d_kv": 128, "num_heads": 128, "num_layers": 24, "vocab_size": 32128,
             "feed_forward_proj": "relu"}, "T5Config"),
         "vae": _c("diffusers", "AutoencoderKLWan", {"base_dim": 96, "z_dim": 16}),
+    }),
+    # LTX-2.3 in diffusers layout (LTX2Pipeline; the Hub repository diffusers/LTX-2.3-Diffusers). Transcribed from diffusers' own converter,
+    # scripts/convert_ltx2_to_diffusers.py at huggingface/diffusers 58eb52c0 (its `version == "2.3"`
+    # branches: transformer, connectors, video VAE, audio VAE, vocoder; the video VAE without
+    # timestep conditioning, the converter's default), every key of those branches kept. Its text
+    # encoder is Gemma-3-12B (the converter's default google/gemma-3-12b-it-qat-q4_0-unquantized,
+    # loaded whole as Gemma3ForConditionalGeneration, the SigLIP vision tower included: the
+    # pipeline loads it though it encodes text only): text and vision configs from Gemma-3-12B's
+    # config.json.
+    "LTX-2.3-Diffusers": _checkpoint("ltx2", {
+        "transformer": _c("diffusers", "LTX2VideoTransformer3DModel", {
+            "in_channels": 128, "out_channels": 128, "patch_size": 1, "patch_size_t": 1, "num_attention_heads": 32,
+            "attention_head_dim": 128, "cross_attention_dim": 4096, "vae_scale_factors": [8, 32, 32],
+            "pos_embed_max_pos": 20, "base_height": 2048, "base_width": 2048, "gated_attn": True,
+            "cross_attn_mod": True, "audio_in_channels": 128, "audio_out_channels": 128, "audio_patch_size": 1,
+            "audio_patch_size_t": 1, "audio_num_attention_heads": 32, "audio_attention_head_dim": 64,
+            "audio_cross_attention_dim": 2048, "audio_scale_factor": 4, "audio_pos_embed_max_pos": 20,
+            "audio_sampling_rate": 16000, "audio_hop_length": 160, "audio_gated_attn": True,
+            "audio_cross_attn_mod": True, "num_layers": 48, "activation_fn": "gelu-approximate",
+            "qk_norm": "rms_norm_across_heads", "norm_elementwise_affine": False, "norm_eps": 1e-6,
+            "caption_channels": 3840, "attention_bias": True, "attention_out_bias": True, "rope_theta": 10000.0,
+            "rope_double_precision": True, "causal_offset": 1, "timestep_scale_multiplier": 1000,
+            "cross_attn_timestep_scale_multiplier": 1000, "rope_type": "split", "use_prompt_embeddings": False,
+            "perturbed_attn": True}),
+        "connectors": _c("ltx2", "LTX2TextConnectors", {
+            "caption_channels": 3840, "text_proj_in_factor": 49, "video_connector_num_attention_heads": 32,
+            "video_connector_attention_head_dim": 128, "video_connector_num_layers": 8,
+            "video_connector_num_learnable_registers": 128, "video_gated_attn": True,
+            "audio_connector_num_attention_heads": 32, "audio_connector_attention_head_dim": 64,
+            "audio_connector_num_layers": 8, "audio_connector_num_learnable_registers": 128, "audio_gated_attn": True,
+            "connector_rope_base_seq_len": 4096, "rope_theta": 10000.0, "rope_double_precision": True,
+            "causal_temporal_positioning": False, "rope_type": "split", "per_modality_projections": True,
+            "video_hidden_dim": 4096, "audio_hidden_dim": 2048, "proj_bias": True}),
+        "text_encoder": _c("transformers", "Gemma3ForConditionalGeneration", {
+            "text_config": {"hidden_size": 3840, "num_hidden_layers": 48, "num_attention_heads": 16,
+                            "num_key_value_heads": 8, "head_dim": 256, "intermediate_size": 15360,
+                            "vocab_size": 262208},
+            "vision_config": {"hidden_size": 1152, "intermediate_size": 4304, "num_hidden_layers": 27,
+                              "num_attention_heads": 16, "patch_size": 14, "image_size": 896},
+            "mm_tokens_per_image": 256}, "Gemma3Config"),
+        "vae": _c("diffusers", "AutoencoderKLLTX2Video", {
+            "in_channels": 3, "out_channels": 3, "latent_channels": 128, "block_out_channels": [256, 512, 1024, 1024],
+            "down_block_types": ["LTX2VideoDownBlock3D"] * 4, "decoder_block_out_channels": [256, 512, 512, 1024],
+            "layers_per_block": [4, 6, 4, 2, 2], "decoder_layers_per_block": [4, 6, 4, 2, 2],
+            "spatio_temporal_scaling": [True] * 4, "decoder_spatio_temporal_scaling": [True] * 4,
+            "decoder_inject_noise": [False] * 5,
+            "downsample_type": ["spatial", "temporal", "spatiotemporal", "spatiotemporal"],
+            "upsample_type": ["spatiotemporal", "spatiotemporal", "temporal", "spatial"],
+            "upsample_residual": [False] * 4, "upsample_factor": [2, 2, 1, 2], "timestep_conditioning": False,
+            "patch_size": 4, "patch_size_t": 1, "resnet_norm_eps": 1e-6, "encoder_causal": True,
+            "decoder_causal": False, "encoder_spatial_padding_mode": "zeros", "decoder_spatial_padding_mode": "zeros",
+            "spatial_compression_ratio": 32, "temporal_compression_ratio": 8}),
+        "audio_vae": _c("diffusers", "AutoencoderKLLTX2Audio", {
+            "base_channels": 128, "output_channels": 2, "ch_mult": [1, 2, 4], "num_res_blocks": 2,
+            "attn_resolutions": None, "in_channels": 2, "resolution": 256, "latent_channels": 8, "norm_type": "pixel",
+            "causality_axis": "height", "dropout": 0.0, "mid_block_add_attention": False, "sample_rate": 16000,
+            "mel_hop_length": 160, "is_causal": True, "mel_bins": 64, "double_z": True}),
+        "vocoder": _c("ltx2", "LTX2VocoderWithBWE", {
+            "in_channels": 128, "hidden_channels": 1536, "out_channels": 2,
+            "upsample_kernel_sizes": [11, 4, 4, 4, 4, 4], "upsample_factors": [5, 2, 2, 2, 2, 2],
+            "resnet_kernel_sizes": [3, 7, 11], "resnet_dilations": [[1, 3, 5], [1, 3, 5], [1, 3, 5]],
+            "act_fn": "snakebeta", "leaky_relu_negative_slope": 0.1, "antialias": True, "antialias_ratio": 2,
+            "antialias_kernel_size": 12, "final_act_fn": None, "final_bias": False, "bwe_in_channels": 128,
+            "bwe_hidden_channels": 512, "bwe_out_channels": 2, "bwe_upsample_kernel_sizes": [12, 11, 4, 4, 4],
+            "bwe_upsample_factors": [6, 5, 2, 2, 2], "bwe_resnet_kernel_sizes": [3, 7, 11],
+            "bwe_resnet_dilations": [[1, 3, 5], [1, 3, 5], [1, 3, 5]], "bwe_act_fn": "snakebeta",
+            "bwe_leaky_relu_negative_slope": 0.1, "bwe_antialias": True, "bwe_antialias_ratio": 2,
+            "bwe_antialias_kernel_size": 12, "bwe_final_act_fn": None, "bwe_final_bias": False,
+            "filter_length": 512, "hop_length": 80, "window_length": 512, "num_mel_channels": 64,
+            "input_sampling_rate": 16000, "output_sampling_rate": 48000}),
     }),
     # the reward model the PickScore recipes name (a CLIP ViT-H/14)
     "PickScore_v1": _checkpoint(None, {

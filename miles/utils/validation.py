@@ -131,8 +131,15 @@ def check_cross_flag_rules(ns: Namespace, family: FamilyFacts) -> None:
     for rule in (_run_length, _checkpointing, _lora_flags, _run_modes, _kl_reference, _reward_source,
                  _dotted_paths, _prompt_data, _learning_rates, _microgroups, _target_modules, _dtypes,
                  _unimplemented_values, _gpu_memory, _edm_schedule, _weight_sync, _offload, _algorithm_flags,
-                 _probe_sampling):
+                 _probe_sampling, _sft_media):
         rule(ns, family)
+
+
+def _sft_media(ns: Namespace, family: FamilyFacts) -> None:
+    if ns.loss_type == "sft_loss" and not family.encodes_media:
+        raise ConfigError(f"--loss-type sft_loss: {family.name}'s sampler state holds audio latents beside the video's, "
+                          f"which SFT's videos do not give (no encoder for them here); fix: train {family.name} with "
+                          f"a rollout loss (the default GRPO, or nft)")
 
 
 def _edm_schedule(ns: Namespace, family: FamilyFacts) -> None:

@@ -5,7 +5,7 @@ nightly GPU tier.
 from miles.testing.proxy_cases import proxy_cases, recipe_test
 
 RECIPE = "scripts/run_diffusion_grpo_ltx23_sglang.py"
-LABELS = ('ltx', 'grpo', 'pickscore', 'cps', 'video')
+LABELS = ('ltx', 'ltx2', 'grpo', 'pickscore', 'cps', 'video')
 
 CASES = proxy_cases(RECIPE, gpus=5, labels=LABELS)
 test_recipe = recipe_test(CASES)

@@ -98,7 +98,7 @@ def check_hf_checkpoint(ns: Namespace, host: HostFacts) -> None:
     if host.dry_run and not path.exists():
         return  # a recipe makes it on first use
     family = get_family_facts(ns.diffusion_model_family)
-    problems = layout.missing_parts(path, ("vae", *family.transformer_components))
+    problems = layout.missing_parts(path, ("vae", *family.transformer_components, *family.extra_components))
     if problems:
         raise PreflightError(f"--hf-checkpoint {path} is not a complete {family.name} checkpoint: "
                              f"{'; '.join(problems[:3])}; fix: point --hf-checkpoint at a complete diffusers "

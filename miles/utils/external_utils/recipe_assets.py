@@ -18,7 +18,7 @@ from miles.proxy_assets import checkpoint_name, is_built_pickscore, is_current_c
 from miles.utils.external_utils import released_assets
 from miles.utils.external_utils.launch_mode import is_dry_run
 from miles.utils.external_utils.recipe_options import RolloutScale
-from miles.utils.families import get_family_facts
+from miles.utils.families import FAMILIES, get_family_facts
 
 RELEASED_PICKSCORE = "PickScore_v1"  # a CLIPModel folder under --model-dir, for --scale full
 EVAL_PROMPTS = 64
@@ -64,9 +64,12 @@ def refuse_unrunnable_release(family: str, released: str, model_dir: Path) -> No
     expected = get_family_facts(family).transformer_class
     if asset is None or asset.transformer_class in ("", expected) or (model_dir / released).is_dir():
         return
+    runs = [f.name for f in FAMILIES.values() if f.transformer_class == asset.transformer_class]
+    who = (f"family `{runs[0]}` runs it (the recipe's FAMILY should be `{runs[0]}`)" if runs
+           else f"no family of this project runs {asset.transformer_class} yet")
     raise released_assets.UnrunnableCheckpointError(
         f"--scale full: {released} ({asset.repo_id}) is a {asset.transformer_class} checkpoint and family "
-        f"`{family}` runs {expected}; no family of this project runs {asset.transformer_class} yet, so nothing "
+        f"`{family}` runs {expected}; {who}, so nothing "
         f"was fetched; fix: --scale gpu-proxy or --scale cpu-proxy (our {family} checkpoints), or put a "
         f"{family} checkpoint in diffusers layout at {model_dir / released}")
 

@@ -80,7 +80,8 @@ RELEASED_CHECKPOINTS: dict[str, HubAsset] = {
         _diffusers("Wan2.2-T2V-A14B-Diffusers", "Wan-AI/Wan2.2-T2V-A14B-Diffusers", "WanTransformer3DModel"),
         _diffusers("Cosmos-Predict2-2B-Text2Image", "nvidia/Cosmos-Predict2-2B-Text2Image", "CosmosTransformer3DModel"),
         # Lightricks/LTX-2.3 itself is one single-file checkpoint (DiT, VAEs, vocoder, connectors by
-        # key prefix), not a diffusers layout; this is its diffusers conversion (LTX2Pipeline)
+        # key prefix), not a diffusers layout; this is its diffusers conversion (LTX2Pipeline), which
+        # the ltx2 family runs
         _diffusers("LTX-2.3", "diffusers/LTX-2.3-Diffusers", "LTX2VideoTransformer3DModel"),
     )
 }

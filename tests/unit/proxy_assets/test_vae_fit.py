@@ -101,3 +101,15 @@ def test_ensure_checkpoint_rebuilds_a_tiny_checkpoint_cached_before_the_fit(tmp_
     cc.ensure_checkpoint("sd3", "tiny", 0, tmp_path)
     assert built == ["sd3"]
     assert cc.vae_fit_marker("sd3", "tiny") is not None and cc.vae_fit_marker("sd3", "proxy") is None
+
+
+def test_fitted_tiny_ltx2_vae_decodes_different_joint_states_to_clearly_different_colours(tiny_checkpoint):
+    """ltx2's state holds the video tokens beside the audio ones ([f, h, w + r, C]): offsets per latent
+    channel (the last axis) move the decoded frames' colours as they do for the other families."""
+    model = load_model(tiny_checkpoint("ltx2"), family="ltx2")
+    shape = model.latent_shape(64, 64, 9)
+    g = torch.Generator().manual_seed(7)
+    latents = torch.stack([torch.randn(shape, generator=g) + torch.randn(shape[-1], generator=g) for _ in range(8)])
+    with torch.no_grad():
+        colours = model.decode(latents).mean(dim=(1, 3, 4))  # [8, 3]: each sample's mean RGB over its frames
+    assert _spread(colours) > 0.3, colours

@@ -25,7 +25,7 @@ def test_sample_writes_a_grid_and_the_same_seed_gives_the_same_pixels(family, ch
     first = _sample(checkpoint(family), tmp_path / "a.png", 0)
     again = _sample(checkpoint(family), tmp_path / "b.png", 0)
     other = _sample(checkpoint(family), tmp_path / "c.png", 1)
-    video = family in ("wan2_2", "ltx")
+    video = family in ("wan2_2", "ltx", "ltx2")
     assert first.shape == ((2 * 32, 5 * 32, 3) if video else (32, 2 * 32, 3))  # frame strip per sample row
     assert np.array_equal(first, again)
     assert not np.array_equal(first, other)

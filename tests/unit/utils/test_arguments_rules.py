@@ -546,3 +546,10 @@ def test_cosmos_refuses_training_its_held_last_step_and_accepts_earlier_windows(
     assert plan("--diffusion-sde-window-max-start", "3", base=COSMOS).trainable_steps == (0, 1, 2, 3, 4)
     # a renoising loss trains at a sigma, not on a recorded step: the last one is fine there
     plan("--loss-type", "nft", "--diffusion-sde-window-max-start", "4", base=COSMOS)
+
+
+def test_ltx2_refuses_sft_whose_videos_do_not_give_its_audio_latents():
+    ltx2_sft = ["--hf-checkpoint", "/ckpt/ltx-2.3-tiny", "--num-rollout", "2", "--prompt-data", "prompts.jsonl"]
+    refused(r"--loss-type sft_loss: ltx2's sampler state holds audio latents .* fix: train ltx2 with a rollout loss",
+            "--loss-type", "sft_loss", base=ltx2_sft)
+    assert plan("--rm-type", "brightness", base=ltx2_sft)  # its GRPO is fine

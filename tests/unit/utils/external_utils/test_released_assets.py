@@ -198,28 +198,51 @@ def test_a_snapshot_path_names_its_repository_commit_and_branch_and_other_paths_
         "--prompt-data": SHA, "--hf-checkpoint": "f" * 40, "--eval-prompt-data": SHA}
 
 
-def test_a_released_checkpoint_declares_the_transformer_its_family_runs_except_ltx_2_3():
+def test_every_released_checkpoint_declares_a_transformer_a_family_runs():
     from miles.utils.families import FAMILIES
 
     runnable = {f.transformer_class for f in FAMILIES.values()}
     declared = {a.name: a.transformer_class for a in R.RELEASED_CHECKPOINTS.values()}
     assert all(declared.values()), declared  # every checkpoint says what it is
-    assert {name for name, cls in declared.items() if cls not in runnable} == {"LTX-2.3"}
+    assert {name for name, cls in declared.items() if cls not in runnable} == set()  # LTX-2.3: the ltx2 family
 
 
-def test_a_full_scale_launch_of_a_checkpoint_no_family_runs_is_refused_before_anything_is_fetched(stand_ins, tmp_path):
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("MILES_SCRIPT_", "WANDB_"))}
-    [line] = launch_full_scale("run_diffusion_grpo_ltx23_sglang.py", tmp_path, env)
-    assert "LTX2VideoTransformer3DModel" in line and "LTXVideoTransformer3DModel" in line
+# a release no family runs (none today: LTX-2.3 was one until the ltx2 family), as a test-local entry
+UNRUNNABLE = R.HubAsset("Some-Video-1", "org/Some-Video-1-Diffusers", marker="model_index.json",
+                        transformer_class="SomeVideoTransformer3DModel")
+
+
+def test_a_full_scale_launch_of_a_checkpoint_no_family_runs_is_refused_before_anything_is_fetched(
+        stand_ins, tmp_path, monkeypatch, capsys):
+    from types import SimpleNamespace
+
+    from miles.utils.external_utils.recipe_assets import ensure_assets
+
+    monkeypatch.setitem(R.RELEASED_CHECKPOINTS, UNRUNNABLE.name, UNRUNNABLE)
+    dirs = SimpleNamespace(model_dir=str(tmp_path / "models"), data_dir=str(tmp_path / "data"))
+    with pytest.raises(SystemExit) as exit:
+        ensure_assets("ltx2", SimpleNamespace(checkpoint_size=None), dirs, released=UNRUNNABLE.name, pickscore=True)
+    assert exit.value.code == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert "SomeVideoTransformer3DModel" in line and "LTX2VideoTransformer3DModel" in line
+    assert "no family of this project runs" in line
     assert "--scale gpu-proxy" in line and "nothing was fetched" in line
     assert stand_ins() == []  # neither hf nor curl ran
+
+
+def test_a_release_another_family_runs_is_refused_naming_that_family(tmp_path):
+    from miles.utils.external_utils.recipe_assets import refuse_unrunnable_release
+
+    with pytest.raises(R.UnrunnableCheckpointError, match="family `ltx2` runs it"):
+        refuse_unrunnable_release("ltx", "LTX-2.3", tmp_path)
+    refuse_unrunnable_release("ltx2", "LTX-2.3", tmp_path)  # the family that runs it: fetched as usual
 
 
 def test_a_folder_of_that_name_under_model_dir_is_the_users_own_and_is_not_refused(tmp_path):
     from miles.utils.external_utils.recipe_assets import refuse_unrunnable_release
 
     with pytest.raises(R.UnrunnableCheckpointError, match="diffusers/LTX-2.3-Diffusers"):
-        refuse_unrunnable_release("ltx", "LTX-2.3", tmp_path)
+        refuse_unrunnable_release("ltx", "LTX-2.3", tmp_path)  # LTX-Video's family, an LTX-2 release
     (tmp_path / "LTX-2.3").mkdir()
     refuse_unrunnable_release("ltx", "LTX-2.3", tmp_path)  # left to the preflight, which reads its config
     refuse_unrunnable_release("wan2_2", "Wan2.2-T2V-A14B-Diffusers", tmp_path / "nowhere")
