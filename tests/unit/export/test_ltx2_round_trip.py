@@ -17,7 +17,7 @@ import torch
 
 from export_runs import export, make_run
 from miles.backends import checkpoint as ckpt
-from test_round_trip import load_lora_into
+from test_round_trip import load_lora_into, with_checkpoint
 from tests.unit.models.test_ltx2_parity import FRAMES, SIZE, UNGUIDED, tiny_vocoder
 from tests.unit.models.test_pipeline_parity import PROMPT, relative_diff
 
@@ -54,6 +54,7 @@ def ltx2_pipeline(path, vocoder):
 
 @pytest.mark.parametrize("lora", [True, False], ids=["lora", "full"])
 def test_the_exported_ltx2_weights_in_ltx2pipeline_sample_what_the_engine_samples(lora, tmp_path, tiny_checkpoint):
+    from miles.rollout.engine import RolloutEngine
     from miles.rollout.types import SampleRequest, SamplingParams
 
     base = tiny_checkpoint("ltx2")
@@ -63,7 +64,7 @@ def test_the_exported_ltx2_weights_in_ltx2pipeline_sample_what_the_engine_sample
     checkpoint = ckpt.latest_checkpoint(run_dir / "checkpoints")[1]
     params = SamplingParams(num_steps=NUM_STEPS, height=SIZE, width=SIZE, num_frames=FRAMES, noise_level=0.0,
                             guidance_scale=1.0)
-    engine = _engine(base, checkpoint, rank.lora, params)
+    engine = with_checkpoint(RolloutEngine(base, params, num_threads=1), checkpoint, rank.lora)
     trajectory = engine.generate([SampleRequest(PROMPT, 0, 0, seed=7)], trained_steps=[])[0]
     vocoder = tiny_vocoder(engine.model.parts["audio_vae"])
     base_pipe = ltx2_pipeline(base, vocoder)
@@ -82,14 +83,3 @@ def test_the_exported_ltx2_weights_in_ltx2pipeline_sample_what_the_engine_sample
     assert to_base > 1e-3  # the trained weights matter: the base pipeline alone samples something else
 
 
-def _engine(base, checkpoint, lora, params):
-    """test_round_trip.engine_from_checkpoint with ltx2's sampling parameters (that one takes CASES')."""
-    from miles.rollout.engine import RolloutEngine
-
-    engine = RolloutEngine(base, params, num_threads=1)
-    components = sorted(p.name[len("model_"):-len(".safetensors")] for p in checkpoint.glob("model_*.safetensors"))
-    if lora is not None:
-        engine.apply_lora(lora.rank, lora.alpha, list(lora.target_modules), components)
-    for component in components:
-        engine.load_weights(component, ckpt.load_tensors(checkpoint / f"model_{component}.safetensors"))
-    return engine

@@ -40,8 +40,12 @@ NUM_STEPS = 2
 
 def engine_from_checkpoint(base: Path, family: str, checkpoint: Path, lora) -> RolloutEngine:
     ours = CASES[family][0]
-    engine = RolloutEngine(base, SamplingParams(num_steps=NUM_STEPS, height=SIZE, width=SIZE, noise_level=0.0, **ours),
-                           num_threads=1)
+    params = SamplingParams(num_steps=NUM_STEPS, height=SIZE, width=SIZE, noise_level=0.0, **ours)
+    return with_checkpoint(RolloutEngine(base, params, num_threads=1), checkpoint, lora)
+
+
+def with_checkpoint(engine: RolloutEngine, checkpoint: Path, lora) -> RolloutEngine:
+    """The engine given a trainer checkpoint's tensors as weight sync gives them (LoRA: adapters first)."""
     components = sorted(p.name[len("model_"):-len(".safetensors")] for p in checkpoint.glob("model_*.safetensors"))
     if lora is not None:
         engine.apply_lora(lora.rank, lora.alpha, list(lora.target_modules), components)
