@@ -1,12 +1,16 @@
 """Training pairs per second: the Ray trainer against a plain single-process loop.
 
-    python3 benchmarks/bench_trainer.py [--rounds 7] [--workdir DIR]
+    python3 benchmarks/bench_trainer.py [--rounds 7] [--processes 3] [--workdir DIR]
 
 Both train the same tiny sd3 model on the same rollout batch with one CPU thread: the plain loop
 is velocity -> SDE log-prob -> Flow-GRPO loss -> backward -> AdamW written out in this file; the
 Ray trainer is one `TrainActor` of `TrainActorGroup`, handed the batch as train_diffusion.py hands
 it (the object, put and shipped by the group), timed both from the driver (round trip: the
-hand-off and the result counted) and inside the actor (the training step alone). Both forward the
+hand-off and the result counted) and inside the actor (the training step alone). Each runs in
+`--processes` processes of its own (plain: spawned, no Ray; Ray: one single-rank group each), and
+every step of every process counts: the same code in two processes runs up to ~5 % apart (six
+actors of one run measured 0.951-0.997 of one plain process), so one process against one other
+measured which process was faster, not what Ray costs. Both forward the
 rollout's tiles (a microgroup's samples at one step), so the first step's loss is the same to the
 bit, which the report checks. Rounds alternate between the two, the order swapped each round, so
 a busy machine slows both alike; the medians are compared. The process is pinned as a CPU run's
@@ -115,6 +119,54 @@ class PlainLoop:
         return sum(len(tile) for tile in tiles), total
 
 
+def plain_process(conn, setup: bytes) -> None:
+    """A plain loop in a process of its own: one step per request, timed here, sent back with the
+    pairs and the loss; None ends it. `setup` is (args, plan, batch) pickled plainly: torch's
+    multiprocessing pickler would share the tensors through file descriptors."""
+    import pickle
+
+    from miles.models.runtime import CPU_THREADS_PER_ACTOR, configure_torch
+
+    args, plan, batch = pickle.loads(setup)
+    configure_torch(num_threads=CPU_THREADS_PER_ACTOR)
+    loop = PlainLoop(args, plan)
+    conn.send("ready")
+    while conn.recv() is not None:
+        gc.collect()
+        start = time.perf_counter()
+        pairs, loss = loop.train(batch)
+        conn.send((time.perf_counter() - start, pairs, loss))
+
+
+class PlainProcesses:
+    """`count` plain loops, each in a spawned process (pinned as it imports this file)."""
+
+    def __init__(self, count: int, args, plan, batch):
+        import multiprocessing
+        import pickle
+
+        context = multiprocessing.get_context("spawn")
+        setup = pickle.dumps((args, plan, batch))
+        self.conns, self.procs = [], []
+        for _ in range(count):
+            ours, theirs = context.Pipe()
+            proc = context.Process(target=plain_process, args=(theirs, setup), daemon=True)
+            proc.start()
+            self.conns.append(ours)
+            self.procs.append(proc)
+        for conn in self.conns:
+            assert conn.recv() == "ready"
+
+    def step(self, index: int) -> tuple[float, int, float]:
+        self.conns[index].send("step")
+        return self.conns[index].recv()
+
+    def close(self) -> None:
+        for conn, proc in zip(self.conns, self.procs):
+            conn.send(None)
+            proc.join(timeout=30)
+
+
 @dataclasses.dataclass
 class TrainerTimes:
     """Seconds per training step, round by round (the warm-up round left out)."""
@@ -130,16 +182,17 @@ class TrainerTimes:
     put: list[float] = dataclasses.field(default_factory=list)  # ray.put of the batch (its pickling)
     batch_bytes: int = 0
     worker_niceness: int = 0  # a Ray worker's on this cluster (the plain loop runs at the shell's)
+    processes: int = 1  # of each kind; every step of every process is in the lists
 
     def ratio(self, times: list[float]) -> float:
         """Ray rate / plain rate from the medians."""
         return statistics.median(self.plain) / statistics.median(times)
 
 
-def measure(work: Path, rounds: int) -> TrainerTimes:
-    """`rounds` timed pairs of a plain step and a Ray step after a warm-up pair, the order
-    alternating from pair to pair (whatever runs second never always meets a warmer cache or a
-    fuller heap), the garbage collected before each step."""
+def measure(work: Path, rounds: int, processes: int = 3) -> TrainerTimes:
+    """`rounds` timed rounds after a warm-up round; a round is one step of every plain process and
+    every Ray trainer, the order of the legs turned from round to round (whatever runs later never
+    always meets a warmer cache or a fuller heap), the garbage collected before each step."""
     import ray
 
     from miles.models.runtime import CPU_THREADS_PER_ACTOR, configure_torch
@@ -155,42 +208,50 @@ def measure(work: Path, rounds: int) -> TrainerTimes:
     args, plan = parse_and_plan(f"--hf-checkpoint {checkpoint} --prompt-data {prompts} {FLAGS}".split())
     configure_torch(num_threads=CPU_THREADS_PER_ACTOR)
     batch = make_batch(args)
-    plain = PlainLoop(args, plan)
+    plain = PlainProcesses(processes, args, plan, batch)
 
     t0 = time.perf_counter()
     ray_temp = tempfile.mkdtemp(prefix="br", dir="/tmp")  # short: Ray's socket paths live under it
-    # the actor at the priority the launcher's nodes give it; the shell's environment again after
+    # the actors at the priority the launcher's nodes give them; the shell's environment again after
     # the cluster started (its raylet read it then), for whatever this process starts later
     with mock.patch.dict(os.environ, WORKER_PRIORITY_ENV):
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _temp_dir=ray_temp)
+        ray.init(num_cpus=processes + 1, include_dashboard=False, log_to_driver=False, _temp_dir=ray_temp)
     t_cluster = time.perf_counter() - t0
     placement = PlacementPlan([{"CPU": 1.0}], [Slot(0, 1.0, 0.0)])
-    pg = create_placement_group(placement)
-    group = TrainActorGroup(args, plan, placement, pg).wait_ready()
+    groups = [TrainActorGroup(args, plan, placement, create_placement_group(placement)) for _ in range(processes)]
+    groups = [group.wait_ready() for group in groups]
     t_actor = time.perf_counter() - t0 - t_cluster
-    times = TrainerTimes(0, args.rollout_microgroup_size, [], [], [], t_cluster, t_actor)
+    times = TrainerTimes(0, args.rollout_microgroup_size, [], [], [], t_cluster, t_actor, processes=processes)
+    legs = [("plain", i) for i in range(processes)] + [("ray", i) for i in range(processes)]
     try:
         times.worker_niceness = ray.get(ray.remote(num_cpus=0)(niceness).remote())
-        for round_index in range(rounds + 1):  # round 0 warms both up
-            legs = {}
-            for leg in ("plain", "ray") if round_index % 2 == 0 else ("ray", "plain"):
+        for round_index in range(rounds + 1):  # round 0 warms every process up
+            turn = round_index % len(legs)
+            for kind, index in legs[turn:] + legs[:turn]:
                 gc.collect()
                 start = time.perf_counter()
-                if leg == "plain":
-                    times.pairs, loss = plain.train(batch)
+                if kind == "plain":
+                    step, times.pairs, loss = plain.step(index)
                 else:
                     # as the driver hands a rollout over (train_diffusion.py): the batch, not a ref put before
-                    result = group.train(batch)[0]
-                legs[leg] = time.perf_counter() - start
-            if round_index == 0:
-                times.first_loss = (loss, result.metrics["train/loss"])
-                continue
-            times.plain.append(legs["plain"])
-            times.ray_round_trip.append(legs["ray"])
-            times.ray_step.append(result.metrics["perf/train_time"])
+                    result = groups[index].train(batch)[0]
+                    trip = time.perf_counter() - start
+                if round_index == 0:
+                    if kind == "plain" and index == 0:
+                        times.first_loss = (loss, times.first_loss[1])
+                    elif kind == "ray" and index == 0:
+                        times.first_loss = (times.first_loss[0], result.metrics["train/loss"])
+                    continue
+                if kind == "plain":
+                    times.plain.append(step)
+                else:
+                    times.ray_round_trip.append(trip)
+                    times.ray_step.append(result.metrics["perf/train_time"])
         times.put, times.batch_bytes = time_put(batch, rounds)
     finally:
-        group.shutdown()
+        plain.close()
+        for group in groups:
+            group.shutdown()
         ray.shutdown()
         shutil.rmtree(ray_temp, ignore_errors=True)  # Ray leaves its session logs behind
     return times
@@ -218,15 +279,16 @@ def time_put(batch, rounds: int) -> tuple[list[float], int]:
 def report(times: TrainerTimes) -> None:
     rate = lambda ts: times.pairs / statistics.median(ts)  # noqa: E731
     show = lambda ts: ", ".join(f"{t:.2f}s" for t in ts)  # noqa: E731
-    rounds = len(times.plain)
+    steps = len(times.plain)
+    each = f"{steps} steps: {times.processes} processes x {steps // max(times.processes, 1)} rounds"
     print(f"pairs per training step       {times.pairs} (tiny sd3, 64x64, forwards of {times.microgroup_size} samples "
           f"at one step as the rollout made them, 1 CPU thread, pinned numerics)")
     plain_loss, ray_loss = times.first_loss
     same = "the same" if plain_loss == ray_loss else "DIFFERENT: the two legs do not do the same work"
     print(f"Ray worker niceness           {times.worker_niceness} (this process: {os.nice(0)})")
     print(f"first step's loss             plain {plain_loss:.9g}, Ray {ray_loss:.9g}: {same}")
-    print(f"plain single-process loop     {rate(times.plain):8.1f} pairs/s  (median of {rounds}: {show(times.plain)})")
-    print(f"Ray trainer (1 rank)          {rate(times.ray_round_trip):8.1f} pairs/s  (median of {rounds}: "
+    print(f"plain single-process loop     {rate(times.plain):8.1f} pairs/s  (median of {each}: {show(times.plain)})")
+    print(f"Ray trainer (1 rank)          {rate(times.ray_round_trip):8.1f} pairs/s  (median of {each}: "
           f"{show(times.ray_round_trip)})")
     print(f"  of which the training step  {rate(times.ray_step):8.1f} pairs/s  (timed inside the actor: "
           f"{show(times.ray_step)})")
@@ -241,11 +303,12 @@ def report(times: TrainerTimes) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=7, help="timed pairs of steps, after one warm-up pair")
+    parser.add_argument("--rounds", type=int, default=7, help="timed rounds (a step of every process), after one warm-up round")
+    parser.add_argument("--processes", type=int, default=3, help="processes of each kind (plain loops, Ray trainers)")
     parser.add_argument("--workdir", default=None, help="where the tiny checkpoint and prompts go (default: a temp dir)")
     opts = parser.parse_args()
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    report(measure(Path(opts.workdir or tempfile.mkdtemp(prefix="bench_trainer_")), opts.rounds))
+    report(measure(Path(opts.workdir or tempfile.mkdtemp(prefix="bench_trainer_")), opts.rounds, opts.processes))
     print(f"load average after:  {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 
