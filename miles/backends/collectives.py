@@ -82,8 +82,8 @@ class Collectives:
                            always: bool = False, store: dist.Store | None = None) -> None:
         """Join the group; a world of one has none unless `always` (FSDP2 needs a group even then).
         Rank 0 passes the store it hosts already (`host_store`) where it has one; the others
-        connect to it at (master_addr, master_port). A process that already has the group (a second rank object
-        in one test process) keeps it."""
+        connect to it at (master_addr, master_port). A process that already has the group (a second
+        rank object in one test process) keeps it."""
         if not (self.world_size > 1 or always) or dist.is_initialized():
             return
         if store is None and self.world_size == 1:

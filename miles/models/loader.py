@@ -25,7 +25,7 @@ from safetensors import safe_open
 from miles.models.runtime import quiet_libraries
 from miles.models.registry import FamilySpec, detect_family, get_family
 from miles.models.conditioning import Conditioning
-from miles.utils.checkpoint_layout import is_diffusers_library, library_module
+from miles.utils.checkpoint_layout import class_path, is_diffusers_library
 from miles.utils.dotted_path import DottedPathError, load_callable
 from miles.utils.families import get_family_facts
 from miles.utils.schedule import (
@@ -65,7 +65,7 @@ def _component_class(name: str, library: str, class_name: str):
     # and never loads a model; diffusers and transformers take it 2 s to import
     quiet_libraries()
     try:
-        return load_callable(f"{library_module(library)}:{class_name}", f"component {name!r}: class")
+        return load_callable(class_path(library, class_name), f"component {name!r}: class")
     except DottedPathError as e:
         raise CheckpointError(str(e)) from e
 

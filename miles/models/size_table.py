@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from miles.utils.checkpoint_layout import is_diffusers_library, library_module
+from miles.utils.checkpoint_layout import class_path, is_diffusers_library
 from miles.utils.dotted_path import load_callable
 from miles.utils.model_table import OWN_SIZES, RELEASED, TABLE_PATH, _c, _checkpoint, own_key
 
@@ -35,7 +35,7 @@ def _own_specs() -> dict[str, dict[str, Any]]:
 def _count(component: dict[str, Any]) -> dict[str, Any]:
     import torch
 
-    cls = load_callable(f"{library_module(component['library'])}:{component['class']}", "component class")
+    cls = load_callable(class_path(component['library'], component['class']), "component class")
     with torch.device("meta"):
         if is_diffusers_library(component["library"]):
             module = cls.from_config(component["config"])

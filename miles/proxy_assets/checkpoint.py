@@ -29,7 +29,7 @@ from miles.models.runtime import quiet_libraries
 from miles.models.tokenizer import build_tokenizer
 from miles.proxy_assets import FITTED_VAES, checkpoint_name, fit_marker, is_current_checkpoint
 from miles.proxy_assets.vae_fit import fit_vae
-from miles.utils.checkpoint_layout import library_module
+from miles.utils.checkpoint_layout import class_path
 from miles.utils.dotted_path import load_callable
 
 SIZES = ("tiny", "proxy")
@@ -45,9 +45,9 @@ def build_component(spec: ComponentSpec, seed: int):
     if spec.class_name == "PreTrainedTokenizerFast":
         return build_tokenizer(**spec.config)
     torch.manual_seed(seed)
-    cls = load_callable(f"{library_module(spec.library)}:{spec.class_name}", "component class")
+    cls = load_callable(class_path(spec.library, spec.class_name), "component class")
     if spec.config_class is not None:
-        config_cls = load_callable(f"{library_module(spec.library)}:{spec.config_class}", "component config class")
+        config_cls = load_callable(class_path(spec.library, spec.config_class), "component config class")
         return cls(config_cls(**spec.config)).eval()
     return cls(**spec.config).eval()
 

@@ -17,11 +17,12 @@ INDEX = "model_index.json"
 WEIGHT_SUFFIXES = (".safetensors", ".bin")
 
 
-def library_module(library: str) -> str:
-    """The module a model_index.json library name loads classes from, as diffusers resolves it: a
-    component of a pipeline's own (LTX-2's connectors: ["ltx2", "LTX2TextConnectors"]) names the
-    pipeline's folder, diffusers.pipelines.<name>."""
-    return library if library in ("diffusers", "transformers") else f"diffusers.pipelines.{library}"
+def class_path(library: str, class_name: str) -> str:
+    """`module:Class` of a model_index.json entry, resolved as diffusers resolves it: a component of
+    a pipeline's own (LTX-2's connectors: ["ltx2", "LTX2TextConnectors"]) names the pipeline's
+    folder, diffusers.pipelines.<name>."""
+    module = library if library in ("diffusers", "transformers") else f"diffusers.pipelines.{library}"
+    return f"{module}:{class_name}"
 
 
 def is_diffusers_library(library: str) -> bool:
