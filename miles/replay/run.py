@@ -23,9 +23,11 @@ that is affine only while the same moment is the largest: a transient that does 
 peak at small B and a moment that does (the end of setup, both experts' rows read: 12.37 GiB at 4
 blocks, 12.71 at 5) at the released B. So a phase is cut into segments at marks the code
 reaches the same number of times at every depth (`LiveMemory.mark`: each component's build, each
-trained component's rows read; miles.replay.seams), each role's peak in each segment is extended
-on its own line, and the phase's peak is the largest of them. Within a segment the moment of the
-peak settles once B is large enough (FSDP2 gathers the next block while one runs; `_DEPTHS`).
+trained component's rows read, the optimizer step; miles.replay.seams), each role's peak in each
+segment is extended on its own line, and the phase's peak is the largest of them (LTX-2.3 full's
+train step: the backward holds the most at 4 and 5 blocks, the optimizer step, a segment of its
+own, at 48). Within a segment the moment of the peak settles once B is large enough (FSDP2
+gathers the next block while one runs; `_DEPTHS`).
 `blocks=None` replays the released depth; `extrapolate=True` replays B = 4 and B = 5 and
 returns, per segment, a + b B_real (the CPU tier: seconds instead of minutes). SD3.5 has two
 kinds of blocks (its first 13 of 24 carry a second attention): it replays 4 blocks (all with
@@ -59,11 +61,6 @@ RANK, ENGINE, REWARD = "train rank", "engine", "reward worker"
 # blocks, then 0.469 GiB a block from 3 to 4 and from 4 to 6; Wan2.2 SFT's host memory settles at 4
 # (measured here, see docs/memory-plan.md)
 _DEPTHS = (4, 5)
-# a family whose train-step peak changes moment later: LTX-2.3's full finetune peaks in the backward
-# (activations, 0.72 GiB a block from 4 to 6 blocks) while few blocks hold little AdamW state, and at
-# the optimizer step (1.55 GiB a block: fp32 rows, grads, two moments, / 4 ranks) from ~13 blocks on;
-# replayed at 4 and 5 blocks its train phase extrapolates to 45.6 GiB where 48 blocks measure 74.7
-_DEPTHS_OF = {"ltx2": (16, 17)}
 
 
 class ReplayUnavailable(ValueError):
@@ -126,11 +123,11 @@ def replay(ns: Namespace, plan, blocks: int | None = None, extrapolate: bool = F
     if ns.device != "cuda":
         raise ReplayUnavailable("--device cpu: no GPU to replay")
     key = table_key(ns)
-    family, specs = component_specs(key)
+    _, specs = component_specs(key)
     configs = [s["config"] for n, s in specs.items() if n.startswith("transformer")]
     real = max(block_count(c) or 0 for c in configs)
     dual = max(dual_blocks(c) for c in configs)
-    low, high = _DEPTHS_OF.get(family, _DEPTHS)
+    low, high = _DEPTHS
     if not extrapolate or real <= high:  # (a proxy shallower than the replayed depths: replayed as it is)
         return _replay_once(ns, plan, key, blocks)
     base = _replay_once(ns, plan, key, low, min(dual, low) if dual else None)

@@ -198,6 +198,18 @@ def _moved_to_device(memory: LiveMemory):
     return moved
 
 
+def _marked_step(memory: LiveMemory, step):
+    """`TrainRank._optimizer_step`, starting a segment of the train phase: the backward's peak
+    (activations) and the step's (AdamW's state, the gradients) grow by different amounts a block,
+    so the one that is the larger can change between the replayed depths and the released one
+    (LTX-2.3 full: the backward at 4 and 5 blocks, the step at 48)."""
+    def wrapped(self, *args, **kwargs):
+        memory.mark(f"{memory.role} optimizer step")
+        return step(self, *args, **kwargs)
+
+    return wrapped
+
+
 def _named(memory: LiveMemory, build):
     """The loader's meta build of a component, its tensors named as they are made (so a refusal
     can name tensors a phase drops before it ends)."""
@@ -216,6 +228,7 @@ def _named(memory: LiveMemory, build):
 def replay_seams(memory: LiveMemory):
     from torch.distributed.fsdp._fully_shard import _fsdp_param_group
 
+    from miles.backends.actor import TrainRank
     from miles.backends.sharded_load import attach_lora_on_meta
     from miles.models.loader import _empty_component, _meta_component
 
@@ -256,6 +269,7 @@ def replay_seams(memory: LiveMemory):
             ("miles.models.loader._empty_component", _unplaced(memory, _empty_component, mark=True)),
             ("miles.models.loader._meta_component", _named(memory, _meta_component)),
             ("miles.backends.sharded_load.attach_lora_on_meta", _unplaced(memory, attach_lora_on_meta)),
+            ("miles.backends.actor.TrainRank._optimizer_step", _marked_step(memory, TrainRank._optimizer_step)),
         ]:
             stack.enter_context(mock.patch(target, value))
         assert _fsdp_param_group is not None
