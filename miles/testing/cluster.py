@@ -2,12 +2,14 @@
 
 Every node is a plain `ray start` with ports and a temp dir of its own, so concurrent tests
 (pytest-xdist workers, other pytest processes) never share a cluster. All daemons inherit the
-test's token (`MILES_TEST_TOKEN`), which is how `stop()` finds and ends them: never by name,
-never with Ray's own stop command (that would end every Ray on the machine).
+test's token (`MILES_TEST_TOKEN`) or stay in the session their `ray start` ran in, which is how
+`stop()` finds and ends them: never by name, never with Ray's own stop command (that would end
+every Ray on the machine).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -44,6 +46,9 @@ class LocalRayCluster:
     dashboard_port: int = 0
     log_path: Path | None = None
     last_error: str = ""
+    # the session each `ray start` ran in (its pid): a raylet starts its dashboard agent without
+    # our token, and stop() finds it there (left behind, its raylet gone, it spun for minutes)
+    sessions: list[int] = field(default_factory=list)
     _owned_temp: bool = False
 
     @property
@@ -71,18 +76,26 @@ class LocalRayCluster:
         env["RAY_AUTH_MODE"] = "disabled"
         return env
 
-    def _run(self, command: str) -> None:
-        """One `ray start` line (the launcher's own `ray_start_command`), run by bash."""
+    def _run(self, command: str, extra_env: dict[str, str] | None = None) -> None:
+        """One `ray start` line (the launcher's own `ray_start_command`), run by bash as the leader
+        of a session of its own, which every daemon it starts stays in (`sessions`)."""
         assert self.log_path is not None
-        env = _ray_cluster.ray_start_env(self._env(), None)
+        env = _ray_cluster.ray_start_env({**self._env(), **(extra_env or {})}, None)
         # the `ray` next to this interpreter first, as the launcher's environment would have it
         env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
         with open(self.log_path, "ab") as log:
             log.write(f"$ {command}\n".encode())
             log.flush()
-            proc = subprocess.run(["bash", "-c", command], env=env, stdout=log, stderr=subprocess.STDOUT,
-                                  stdin=subprocess.DEVNULL, timeout=self.start_timeout,
-                                  preexec_fn=_ray_cluster.raise_open_files_limit)
+            proc = subprocess.Popen(["bash", "-c", command], env=env, stdout=log, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True,
+                                    preexec_fn=_ray_cluster.raise_open_files_limit)
+            self.sessions.append(proc.pid)
+            try:
+                proc.wait(timeout=self.start_timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                raise RuntimeError(f"`{command}` did not return within {self.start_timeout:.0f}s; see {self.log_path}")
         if proc.returncode != 0:
             raise RuntimeError(f"`{command}` failed with {proc.returncode}; see {self.log_path}:\n"
                                + self.log_path.read_text(errors="replace")[-4000:])
@@ -130,9 +143,14 @@ class LocalRayCluster:
             raise
         return self
 
-    def add_node(self) -> None:
-        """One more node joining the running cluster (a node that comes late)."""
-        self._run(_ray_cluster.ray_start_command(self._spec(self.gcs_address)))
+    def add_node(self, num_gpus: int | None = None, num_cpus: int | None = None,
+                 extra_env: dict[str, str] | None = None) -> None:
+        """One more node joining the running cluster (a node that comes late), with this
+        cluster's resources per node unless told otherwise."""
+        spec = dataclasses.replace(self._spec(self.gcs_address),
+                                   num_gpus=self.gpus_per_node if num_gpus is None else num_gpus,
+                                   num_cpus=self.cpus_per_node if num_cpus is None else num_cpus)
+        self._run(_ray_cluster.ray_start_command(spec), extra_env)
         self.nodes += 1
 
     def alive_nodes(self) -> int:
@@ -165,7 +183,7 @@ class LocalRayCluster:
         A short grace: a test cluster holds nothing to flush, and Ray's daemons sit out any
         SIGTERM grace waiting on each other (processes.TERM_GRACE_S), so 5 s here was 4.5 s of
         every cluster's stop spent waiting for the SIGKILL."""
-        ended, survivors = end_processes(self.token, None, grace=0.5)
+        ended, survivors = end_processes(self.token, None, grace=0.5, sessions=self.sessions)
         if self._owned_temp and self.temp_dir is not None and not survivors:
             shutil.rmtree(self.temp_dir, ignore_errors=True)
         return ended, survivors

@@ -72,12 +72,15 @@ def end_processes(
     *,
     grace: float = 10.0,
     reap: Sequence[subprocess.Popen] = (),
+    sessions: Sequence[int] = (),
 ) -> tuple[list[str], list[str]]:
     """End every process carrying `token`: SIGTERM, then SIGKILL after `grace` seconds.
 
     `pgid` is accepted for callers that still pass the recipe's group and is never signalled:
-    everything a run starts inherits the token, which is verified before each signal. Returns
-    (ended, survivors) as "pid cmdline" strings.
+    everything a run starts inherits the token, which is verified before each signal. `sessions`:
+    those `ray start` ran in, whose members are ended too (a raylet starts its dashboard agent
+    without the token; miles.utils.external_utils.processes). Returns (ended, survivors) as
+    "pid cmdline" strings.
     """
     del pgid
     if not token:
@@ -94,7 +97,8 @@ def end_processes(
     # the launcher waits out a raylet's respawns (processes.QUIET_S) before it exits; behind it this
     # backstop needs a shorter quiet window (it is the first cleanup only when the launcher was killed)
     ended, survivors = _processes.end_marked_processes(token, TOKEN_ENV, grace_s=grace, on_poll=poll_children,
-                                                       descriptions=found, quiet_s=HARNESS_QUIET_S)
+                                                       descriptions=found, quiet_s=HARNESS_QUIET_S,
+                                                       sessions=sessions)
     return [found.get(p) or describe(p) for p in ended], [describe(p) for p in survivors]
 
 

@@ -162,20 +162,26 @@ def _session_of(pid: int) -> int | None:
     return int(fields[3]) if fields else None
 
 
-def pids_in_session(session: int | None) -> list[int]:
-    """Live members of a leaderless session (not us or our ancestors); [] for a session whose id
-    is a live process's pid (a reused id: not the session our exited `ray start` left)."""
-    if not session or is_alive(session):
+def _leaderless(sessions: Iterable[int | None]) -> set[int]:
+    """The sessions whose leader has exited: a session id that is a live process's pid was reused,
+    and is not the session our exited `ray start` left."""
+    return {s for s in sessions if s and not is_alive(s)}
+
+
+def pids_in_session(*sessions: int | None) -> list[int]:
+    """Live members of our leaderless sessions (not us or our ancestors)."""
+    ours = _leaderless(sessions)
+    if not ours:
         return []
     spared = _self_and_ancestors()
     return sorted(int(e.name) for e in os.scandir("/proc")
-                  if e.name.isdigit() and int(e.name) not in spared and _session_of(int(e.name)) == session
+                  if e.name.isdigit() and int(e.name) not in spared and _session_of(int(e.name)) in ours
                   and is_alive(int(e.name)))
 
 
-def signal_if_in_session(pid: int, sig: int, session: int | None) -> bool:
-    """Signal `pid` only if, right now, it is a member of our leaderless session."""
-    if not session or pid in _self_and_ancestors() or is_alive(session) or _session_of(pid) != session:
+def signal_if_in_session(pid: int, sig: int, sessions: Iterable[int | None]) -> bool:
+    """Signal `pid` only if, right now, it is a member of one of our leaderless sessions."""
+    if pid in _self_and_ancestors() or _session_of(pid) not in _leaderless(sessions):
         return False
     return _kill(pid, sig)
 
@@ -213,7 +219,7 @@ def end_marked_processes(
     on_poll: Callable[[], None] | None = None,
     descriptions: dict[int, str] | None = None,
     quiet_s: float = QUIET_S,
-    session: int | None = None,
+    sessions: Iterable[int | None] = (),
 ) -> tuple[list[int], list[int]]:
     """End every process carrying `<env_name>=<token>`: SIGTERM, up to `grace_s`, then SIGKILL.
     Processes that appear meanwhile (a daemon forking) are found by re-scanning. Each signal goes
@@ -221,30 +227,31 @@ def end_marked_processes(
 
     The one cleanup of launcher and test harness alike; `on_poll` lets a caller reap children;
     `descriptions` receives "pid cmdline" of each process when it is first found; `quiet_s` is how
-    long no process may carry the token before the cleanup counts as done; `session`, the recorded
-    session of `ray start`, whose members are ended as well (see the module docstring)."""
+    long no process may carry the token before the cleanup counts as done; `sessions`, the recorded
+    sessions of `ray start` (one a node), whose members are ended as well (see the module docstring)."""
     poll = on_poll or (lambda: None)
+    sessions = tuple(sessions)
     seen: list[int] = []
     for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, kill_wait_s)):
         deadline = time.monotonic() + wait
         signalled: set[int] = set()
         while True:
             poll()
-            targets = _ours(token, env_name, session)
+            targets = _ours(token, env_name, sessions)
             for pid in targets:
                 if pid not in seen:
                     seen.append(pid)
                     if descriptions is not None:
                         descriptions[pid] = describe(pid)
                 if pid not in signalled and (signal_if_marked(pid, sig, token, env_name)
-                                             or signal_if_in_session(pid, sig, session)):
+                                             or signal_if_in_session(pid, sig, sessions)):
                     signalled.add(pid)
             if not targets:
                 # A raylet that was still alive a moment ago may have respawned its dashboard or
                 # runtime-env agent after this scan; on a loaded machine that child shows up well
                 # after its parent is gone (seen: after a single 0.3 s look). Done only once
                 # nothing of ours has shown up for quiet_s.
-                if not _stays_quiet(token, env_name, poll, quiet_s, session):
+                if not _stays_quiet(token, env_name, poll, quiet_s, sessions):
                     continue
                 break
             if time.monotonic() >= deadline:
@@ -253,28 +260,28 @@ def end_marked_processes(
         if not targets:
             break
     poll()
-    return seen, _ours(token, env_name, session)
+    return seen, _ours(token, env_name, sessions)
 
 
-def _ours(token: str, env_name: str, session: int | None) -> list[int]:
-    return sorted(set(pids_with_token(token, env_name)) | set(pids_in_session(session)))
+def _ours(token: str, env_name: str, sessions: tuple[int | None, ...]) -> list[int]:
+    return sorted(set(pids_with_token(token, env_name)) | set(pids_in_session(*sessions)))
 
 
 def _stays_quiet(token: str, env_name: str, poll: Callable[[], None], quiet_s: float = QUIET_S,
-                 session: int | None = None) -> bool:
+                 sessions: tuple[int | None, ...] = ()) -> bool:
     """True if nothing of ours shows up for `quiet_s`; False as soon as something does."""
     until = time.monotonic() + quiet_s
     while time.monotonic() < until:
         time.sleep(0.2)
         poll()
-        if _ours(token, env_name, session):
+        if _ours(token, env_name, sessions):
             return False
     return True
 
 
 def end_token_processes(token: str, grace_s: float = TERM_GRACE_S, session: int | None = None) -> list[int]:
     """End every process carrying the launcher's token (and the members of its Ray session)."""
-    return end_marked_processes(token, TOKEN_ENV, grace_s=grace_s, session=session)[0]
+    return end_marked_processes(token, TOKEN_ENV, grace_s=grace_s, sessions=(session,))[0]
 
 
 def pgids_of(pids: Iterable[int]) -> list[int]:

@@ -19,9 +19,6 @@ from pathlib import Path
 import pytest
 
 from miles.testing.cluster import LocalRayCluster
-from miles.testing.dry import scrubbed_env
-from miles.testing.runner import TOKEN_ENV
-from miles.utils.external_utils import ray_cluster
 
 from junit_check import junit_problems
 
@@ -36,8 +33,8 @@ FAST_HEALTH_CHECKS = {"RAY_health_check_period_ms": "500", "RAY_health_check_fai
 class GpuNodes:
     """A loopback cluster: the project's LocalRayCluster as a head without GPUs (the runner's
     driver and log sink attach to the head, so no case can take them down), and worker nodes
-    with logical GPUs started with the launcher's own `ray start` line and the cluster's token,
-    so that stopping the head's cluster (by token) ends them too."""
+    with logical GPUs joined through it (`add_node`), so that stopping the head's cluster ends
+    them too."""
 
     def __init__(self):
         self.head = LocalRayCluster(nodes=1, cpus_per_node=2, gpus_per_node=0)
@@ -63,15 +60,7 @@ class GpuNodes:
         return [n for n in nodes if n["state"] == "ALIVE" and (n.get("resources_total") or {}).get("GPU")]
 
     def add_gpu_node(self) -> None:
-        spec = ray_cluster.RayNodeSpec("127.0.0.1", ray_cluster.RayPorts.allocate("127.0.0.1"),
-                                       str(self.head.temp_dir), num_gpus=GPUS_PER_NODE,
-                                       num_cpus=GPUS_PER_NODE, head_address=self.gcs_address)
-        env = ray_cluster.ray_start_env({**scrubbed_env(), TOKEN_ENV: self.head.token,
-                                         **FAST_HEALTH_CHECKS}, None)
-        env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
-        proc = subprocess.run(["bash", "-c", ray_cluster.ray_start_command(spec)], env=env,
-                              capture_output=True, text=True, timeout=120)
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        self.head.add_node(num_gpus=GPUS_PER_NODE, num_cpus=GPUS_PER_NODE, extra_env=FAST_HEALTH_CHECKS)
 
     def ensure_gpu_nodes(self, count: int) -> None:
         while len(self.gpu_nodes()) < count:

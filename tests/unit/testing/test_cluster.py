@@ -4,6 +4,7 @@ import pytest
 
 from miles.testing.cluster import LocalRayCluster, free_ports
 from miles.testing.runner import token_pids
+from miles.utils.external_utils.processes import pids_in_session
 
 
 def test_free_ports_are_distinct():
@@ -12,13 +13,20 @@ def test_free_ports_are_distinct():
 
 
 def test_two_node_cluster_starts_reports_both_nodes_and_leaves_nothing_behind(tmp_path):
+    """Nothing behind includes what Ray starts without our token (the dashboard's module processes,
+    each raylet's dashboard agent): an agent left alive once its raylet was gone spun for minutes
+    (47 CPU-s of one suite run)."""
     cluster = LocalRayCluster(nodes=2, cpus_per_node=1)
     try:
         cluster.start()
         assert cluster.alive_nodes() == 2
         assert cluster.env_for_recipe()["RAY_ADDRESS"] == cluster.address
         assert token_pids(cluster.token)  # the daemons carry the token
+        # daemons without the token (the dashboard's module processes, the agent): found by session
+        assert len(cluster.sessions) == 2
+        assert set(pids_in_session(*cluster.sessions)) - set(token_pids(cluster.token))
     finally:
         ended, survivors = cluster.stop()
     assert survivors == [] and token_pids(cluster.token) == []
+    assert pids_in_session(*cluster.sessions) == []
     assert ended
