@@ -9,6 +9,18 @@ from miles.testing.idle import IdleEnded
 from miles.utils.external_utils.ray_cluster import NO_PRESTARTED_WORKERS_ENV
 
 
+# Modules whose tests mostly wait on Ray heads of their own (started, submitted to, ended): run
+# first, while the other xdist worker has CPU-bound tests to pair with their waits. Collected in
+# path order they came last, alone: the final 55 s of a 463 s suite with 0.3-0.9 of 2 cores busy.
+WAIT_BOUND_FIRST = ("tests/unit/utils/external_utils/test_launch_real_ray.py",)
+
+
+def pytest_collection_modifyitems(config, items):
+    first = [item for item in items if item.nodeid.startswith(WAIT_BOUND_FIRST)]
+    if first:
+        items[:] = first + [item for item in items if not item.nodeid.startswith(WAIT_BOUND_FIRST)]
+
+
 def _start_local_ray():
     ray = pytest.importorskip("ray")
     temp_dir = tempfile.mkdtemp(prefix="mr", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
