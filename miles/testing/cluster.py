@@ -83,21 +83,14 @@ class LocalRayCluster:
         env = _ray_cluster.ray_start_env({**self._env(), **(extra_env or {})}, None)
         # the `ray` next to this interpreter first, as the launcher's environment would have it
         env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
-        with open(self.log_path, "ab") as log:
-            log.write(f"$ {command}\n".encode())
-            log.flush()
-            proc = subprocess.Popen(["bash", "-c", command], env=env, stdout=log, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True,
-                                    preexec_fn=_ray_cluster.raise_open_files_limit)
-            self.sessions.append(proc.pid)
+        with open(self.log_path, "a") as log:
             try:
-                proc.wait(timeout=self.start_timeout)
+                returncode = _ray_cluster.run_in_own_session(command, env, log, self.sessions.append,
+                                                             self.start_timeout, _ray_cluster.raise_open_files_limit)
             except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
                 raise RuntimeError(f"`{command}` did not return within {self.start_timeout:.0f}s; see {self.log_path}")
-        if proc.returncode != 0:
-            raise RuntimeError(f"`{command}` failed with {proc.returncode}; see {self.log_path}:\n"
+        if returncode != 0:
+            raise RuntimeError(f"`{command}` failed with {returncode}; see {self.log_path}:\n"
                                + self.log_path.read_text(errors="replace")[-4000:])
 
     def _spec(self, head_address: str | None = None) -> "_ray_cluster.RayNodeSpec":

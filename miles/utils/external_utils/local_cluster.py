@@ -32,6 +32,7 @@ from miles.utils.external_utils.ray_cluster import (
     ray_start_command,
     ray_start_env,
     ray_temp_dir_for,
+    run_in_own_session,
     split_host_port,
     tcp_reachable,
     visible_gpus,
@@ -122,14 +123,13 @@ def _run_in_own_session(command: str, env: Mapping[str, str], log_path: Path, re
     daemons stay members of that session, which is how cleanup finds them all (processes.py)."""
     print_exec(command)
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "a") as log:
-        log.write(f"$ {command}\n")
-        log.flush()
-        proc = subprocess.Popen(["bash", "-c", command], env=dict(env), stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
-        record.session = proc.pid
+
+    def recorded(session: int) -> None:
+        record.session = session
         record.save(output_dir)
-        returncode = proc.wait()
+
+    with open(log_path, "a") as log:
+        returncode = run_in_own_session(command, env, log, recorded)
     if returncode:
         raise subprocess.CalledProcessError(returncode, command)
 

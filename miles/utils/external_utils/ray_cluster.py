@@ -7,9 +7,12 @@ import os
 import resource
 import shlex
 import socket
+import subprocess
 import sys
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
+from typing import IO
 
 from miles.utils.ports import free_port_range, free_ports  # noqa: F401  (free_ports: also the launcher's)
 
@@ -169,6 +172,26 @@ SLOW_MACHINE_TIMEOUTS = {
     "RAY_raylet_start_wait_time_s": "600",
     "RAY_worker_register_timeout_seconds": "600",
 }
+
+
+def run_in_own_session(command: str, env: Mapping[str, str], log: IO[str], on_session: Callable[[int], None],
+                       timeout: float | None = None, preexec_fn: Callable[[], object] | None = None) -> int:
+    """`command` (a `ray start` line) run by bash as the leader of a session of its own, which
+    every daemon it starts stays in: cleanup finds them there, also those Ray starts without our
+    token (a raylet's agents; miles.utils.external_utils.processes). `on_session(pid)` records the
+    session before anything is started. Returns the exit code; past `timeout` bash is killed and
+    subprocess.TimeoutExpired raised (what it started stays in the recorded session)."""
+    log.write(f"$ {command}\n")
+    log.flush()
+    proc = subprocess.Popen(["bash", "-c", command], env=dict(env), stdout=log, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=preexec_fn)
+    on_session(proc.pid)
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        raise
 
 
 def raise_open_files_limit(minimum: int = MIN_OPEN_FILES) -> int:
