@@ -32,12 +32,15 @@ def shard_size(value: str) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python3 -m miles.export", description=__doc__.splitlines()[0])
     p.add_argument("source", help="a run dir, its checkpoints dir, or one rollout_NNNNNN checkpoint dir")
-    p.add_argument("--out", required=True, help="the folder to write (refused if it exists, unless --overwrite)")
+    p.add_argument("--out", required=True,
+                   help="the folder to write: never inside a run, its checkpoints or the base checkpoint "
+                        "(refused if it exists, unless --overwrite and it is an earlier export)")
     p.add_argument("--rollout", default="latest", help="rollout id of the checkpoint to export (default: latest)")
     p.add_argument("--ema", action="store_true", help="export the EMA shadow weights (runs with --use-ema)")
     p.add_argument("--pipeline", action="store_true",
                    help="full fine-tunes: a complete pipeline folder, the base's other components linked or copied")
-    p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace --out if it is an earlier export (it holds the export's marker file)")
     p.add_argument("--family", default=None, help="refuse unless the checkpoint is of this family")
     p.add_argument("--max-shard-size", type=shard_size, default=shard_size("5GB"),
                    help="largest safetensors shard of an exported transformer (5GB, 500MB, bytes)")
@@ -63,14 +66,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def export(args: argparse.Namespace) -> Path:
+    from miles.export.destination import check_destination
     from miles.export.source import locate
 
     from safetensors import SafetensorError
 
     out = Path(args.out)
-    if out.exists() and not args.overwrite:
-        raise ExportError(f"--out {out} exists; pass --overwrite to replace it, or another --out")
     source = locate(args.source, args.rollout, args.family)
+    check_destination(out, source, Path(args.source), args.overwrite)
     if args.pipeline and source.lora is not None:
         raise ExportError("--pipeline: this is a LoRA checkpoint; it exports as an adapter for "
                           "pipe.load_lora_weights on the base pipeline: drop --pipeline")
@@ -97,6 +100,7 @@ def export(args: argparse.Namespace) -> Path:
 
 def write_export(folder: Path, source, args: argparse.Namespace) -> None:
     from miles.export.card import model_card
+    from miles.export.destination import write_marker
     from miles.export.lora import write_lora
     from miles.export.pipeline import add_base_components
     from miles.export.tensors import EMA, MODEL, open_tensors
@@ -116,6 +120,8 @@ def write_export(folder: Path, source, args: argparse.Namespace) -> None:
         if args.pipeline:
             add_base_components(folder, source.base, components)
     (folder / "README.md").write_text(model_card(source, kind, files, how_to_load(source, components, args)))
+    write_marker(folder, source)
+    _ordinary_permissions(folder)
 
 
 def how_to_load(source, components: list[str], args: argparse.Namespace) -> str:
@@ -138,6 +144,19 @@ def how_to_load(source, components: list[str], args: argparse.Namespace) -> str:
     lines = [f"pipe = diffusers.{pipeline}.from_pretrained(base)"]
     lines += [f"pipe.{c} = type(pipe.{c}).from_pretrained(export, subfolder={c!r})" for c in components]
     return head + "\n".join(lines)
+
+
+def _ordinary_permissions(folder: Path) -> None:
+    """Files as an ordinary `open` would have made them (the umask's 0644): safetensors writes its
+    file through a private temporary one (0600), which would hide a shard from the rest of a team.
+    A file hard-linked from the base (--pipeline) is the base's own: its mode is left alone."""
+    umask = os.umask(0)
+    os.umask(umask)
+    for path in [folder, *folder.rglob("*")]:
+        if path.is_dir():
+            path.chmod(0o777 & ~umask)
+        elif not path.is_symlink() and path.stat().st_nlink == 1:
+            path.chmod(0o666 & ~umask)
 
 
 def _diffusers_class(name: str):

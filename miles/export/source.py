@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,7 +51,7 @@ def locate(path: str | Path, rollout: str = "latest", family: str | None = None)
     argv = _train_argv(run_dir, path)
     args = _parse_train_argv(argv)
     if chosen is None:
-        chosen = _committed(root or Path(args.save or run_dir / "checkpoints"), rollout)
+        chosen = _committed(root or _checkpoints_of(run_dir, args), rollout)
     elif rollout != "latest" and _rollout_id(chosen) != int(rollout):
         raise ExportError(f"--rollout {rollout} asks for another checkpoint than {chosen}; pass the run dir instead")
     base = Path(args.hf_checkpoint)
@@ -77,6 +78,22 @@ def _roles(path: Path) -> tuple[Path | None, Path | None, Path | None]:
         return _run_dir_above(path), path, None
     raise ExportError(f"{path} is neither a run dir ({RUN_RECORD}), a checkpoints dir ({ckpt.LATEST}) nor a "
                       f"checkpoint (trainer.json); pass one of those")
+
+
+def _checkpoints_of(run_dir: Path, args: argparse.Namespace) -> Path:
+    """The checkpoints under the run dir given. run.json's --save is where they were written, which
+    is somewhere else once the run dir was moved or copied: what was given is what is exported."""
+    here = run_dir / "checkpoints"
+    recorded = Path(args.save) if args.save else None
+    if recorded is None or recorded.resolve() == here.resolve():
+        return here
+    if here.is_dir():
+        print(f"note: {run_dir / RUN_RECORD} records --save {recorded}; exporting the checkpoints under the "
+              f"directory given, {here}", file=sys.stderr, flush=True)
+        return here
+    raise ExportError(f"{run_dir} has no checkpoints/ directory and its {RUN_RECORD} records --save {recorded}, "
+                      f"outside it; the export reads only the directory it is given: move that checkpoints "
+                      f"directory to {here} and export again")
 
 
 def _run_dir_above(root: Path) -> Path | None:

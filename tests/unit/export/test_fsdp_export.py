@@ -9,12 +9,13 @@ from pathlib import Path
 import torch.multiprocessing as mp
 
 from export_runs import export, fsdp_ranks, make_run, train_argv, write_run_records
+from miles.export.destination import MARKER
 from miles.utils.ports import free_ports
 
 
 def files_of(folder: Path) -> dict[str, bytes]:
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*"))
-            if p.is_file() and p.name != "README.md"}  # the card names the checkpoint's own path
+            if p.is_file() and p.name not in ("README.md", MARKER)}  # both name the checkpoint's own path
 
 
 def test_fsdp_shards_from_two_ranks_export_to_the_bytes_of_the_dp_checkpoint(tmp_path, tiny_checkpoint):

@@ -35,12 +35,16 @@ def refusal(capsys, *argv) -> str:
     return lines[0]
 
 
-def test_an_existing_out_is_refused_unless_overwrite(run, tmp_path, capsys):
+def test_an_existing_out_is_refused_unless_overwrite_and_an_earlier_export(run, tmp_path, capsys):
     out = tmp_path / "out"
     out.mkdir()
     (out / "mine.txt").write_text("keep")
     assert "--overwrite" in refusal(capsys, run, "--out", out)
+    assert "not an earlier export" in refusal(capsys, run, "--out", out, "--overwrite")
     assert (out / "mine.txt").read_text() == "keep"
+    shutil.rmtree(out)
+    assert export(run, "--out", out) == 0
+    (out / "mine.txt").write_text("an earlier export's folder: --overwrite may replace it")
     assert export(run, "--out", out, "--overwrite") == 0
     assert not (out / "mine.txt").exists() and (out / "transformer" / "config.json").is_file()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no temporary folder left beside it
