@@ -52,6 +52,8 @@ class LaunchRecord:
     pgids: list[int] = field(default_factory=list)
     session: int | None = None  # the session `ray start` ran in (its pid); its daemons stay in it
     launcher_pid: int = field(default_factory=os.getpid)
+    # a head's own Ray auth token file (ray_auth): made fresh when its node starts, removed when it ends
+    auth_token_file: str | None = None
 
     @staticmethod
     def path_for(output_dir: str | Path, role: str) -> Path:
