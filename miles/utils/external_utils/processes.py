@@ -71,7 +71,8 @@ class LaunchRecord:
             data = json.loads(path.read_text())
         except (FileNotFoundError, json.JSONDecodeError):
             return None
-        return cls(**data)
+        # a record another version of the launcher wrote: the fields this one knows (cleanup needs the token)
+        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
 
 
 def write_text_atomically(path: Path, text: str) -> None:

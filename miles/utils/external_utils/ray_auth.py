@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -210,8 +211,6 @@ def external_auth(url: str, cluster_mode: str, environ: Mapping[str, str] | None
     """How to talk to an external cluster reporting `cluster_mode`: with the user's token when it
     checks one (a one-line error naming the fix when there is none), else with nothing, after a
     one-line warning naming the risk. Remembered for the cluster's URL (headers_for)."""
-    import sys
-
     if cluster_mode == DISABLED:
         print(f"warning: {external_disabled_warning(url)}", file=sys.stderr, flush=True)
         auth = ClusterAuth(DISABLED)
@@ -253,8 +252,6 @@ def restore_this_process(saved: Mapping[str, str | None]) -> None:
 
 
 def _refresh_ray_caches() -> None:
-    import sys
-
     if "ray._raylet" not in sys.modules:
         return  # read fresh when Ray is first imported
     from ray._raylet import AuthenticationTokenLoader, Config
