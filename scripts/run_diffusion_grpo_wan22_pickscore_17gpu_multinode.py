@@ -26,21 +26,25 @@ Scales (--scale):
 Two ways to bring the cluster up (each node: `ulimit -n 1000000` first; a raylet inheriting
 1024 open files dies later with a misleading "Socket closed"):
 
-  A. You build it, the launcher only submits (MILES_SCRIPT_EXTERNAL_RAY=1):
+  A. You build it, the launcher only submits (MILES_SCRIPT_EXTERNAL_RAY=1); every node with the
+     cluster's token (export RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH=/shared/ray_token first):
        head:        CUDA_VISIBLE_DEVICES=0,1,2,3,4,5,6,7 ray start --head --port 6379 --num-gpus 8
        train node:  CUDA_VISIBLE_DEVICES=0,1,2,3,4,5,6,7 ray start --address <head-ip>:6379 --num-gpus 8
        reward node: CUDA_VISIBLE_DEVICES=0 ray start --address <head-ip>:6379 --num-gpus 1
        then, on the head:
-       MILES_SCRIPT_EXTERNAL_RAY=1 RAY_ADDRESS=http://<head-ip>:8265 \\
+       MILES_SCRIPT_EXTERNAL_RAY=1 RAY_ADDRESS=http://<head-ip>:8265 RAY_AUTH_TOKEN_PATH=/shared/ray_token \\
            python3 scripts/run_diffusion_grpo_wan22_pickscore_17gpu_multinode.py train
      (CUDA_VISIBLE_DEVICES must be in each `ray start`'s own environment; the launcher refuses
      --cuda-visible-devices with an external cluster.)
 
   B. One command per node role, the launcher starts the head itself:
-       head:        MASTER_ADDR=<head-ip> python3 scripts/run_..._17gpu_multinode.py train
-       train node:  python3 scripts/run_..._17gpu_multinode.py worker --head-address <head-ip>:6379 --num-gpus 8
-       reward node: python3 scripts/run_..._17gpu_multinode.py worker --head-address <head-ip>:6379 --num-gpus 1
-     A worker joins and blocks until interrupted or the head goes away.
+       head:        MASTER_ADDR=<head-ip> python3 scripts/run_..._17gpu_multinode.py train --output-dir /shared/logs
+       train node:  RAY_AUTH_TOKEN_PATH=/shared/logs/<run-id>/ray_auth_token \\
+                        python3 scripts/run_..._17gpu_multinode.py worker --head-address <head-ip>:6379 --num-gpus 8
+       reward node: RAY_AUTH_TOKEN_PATH=/shared/logs/<run-id>/ray_auth_token \\
+                        python3 scripts/run_..._17gpu_multinode.py worker --head-address <head-ip>:6379 --num-gpus 1
+     The head requires its own fresh token (its file's path is printed when it starts); a worker
+     joins with it, and blocks until interrupted or the head goes away.
 
 Either way `train` submits only once the cluster reports every node and GPU (train nodes x 8 +
 the reward GPU). With no role word the script runs `train`, like every other recipe.

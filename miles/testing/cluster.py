@@ -5,6 +5,10 @@ Every node is a plain `ray start` with ports and a temp dir of its own, so concu
 test's token (`MILES_TEST_TOKEN`) or stay in the session their `ray start` ran in, which is how
 `stop()` finds and ends them: never by name, never with Ray's own stop command (that would end
 every Ray on the machine).
+
+Like every cluster the launcher starts, it requires a Ray token of its own (a fresh one in a 0600
+file in its temp dir, named to every node: miles.utils.external_utils.ray_auth); whatever token
+the test process or ~/.ray holds never reaches it. `auth_env()` is what a client process needs.
 """
 
 from __future__ import annotations
@@ -14,7 +18,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.request
@@ -23,6 +26,7 @@ from pathlib import Path
 
 from miles.testing.dry import scrubbed_env
 from miles.testing.runner import TOKEN_ENV, end_processes, new_token
+from miles.utils.external_utils import ray_auth as _ray_auth
 from miles.utils.external_utils import ray_cluster as _ray_cluster
 
 def free_ports(n: int) -> list[int]:
@@ -60,29 +64,36 @@ class LocalRayCluster:
         """The job server's address (what `RAY_ADDRESS` holds for `ray job submit`)."""
         return f"http://127.0.0.1:{self.dashboard_port}"
 
+    @property
+    def auth(self) -> "_ray_auth.ClusterAuth":
+        """The cluster's token, in its own file (written when the head starts)."""
+        assert self.temp_dir is not None, "the cluster has not been started"
+        return _ray_auth.own_cluster_auth(self.temp_dir, environ={})
+
+    def auth_env(self) -> dict[str, str]:
+        """What a process talking to this cluster needs: the mode and the token's file (Ray's own
+        client reads them), and no other token of the caller's environment."""
+        return {_ray_auth.AUTH_MODE_ENV: _ray_auth.TOKEN, _ray_auth.TOKEN_PATH_ENV: str(self.auth.token_file)}
+
     def env_for_recipe(self) -> dict[str, str]:
-        return {"MILES_SCRIPT_EXTERNAL_RAY": "1", "RAY_ADDRESS": self.address, "RAY_AUTH_MODE": "disabled"}
+        """A recipe handed this cluster as an external one (MILES_SCRIPT_EXTERNAL_RAY=1), with its token."""
+        return {"MILES_SCRIPT_EXTERNAL_RAY": "1", "RAY_ADDRESS": self.address, **self.auth_env()}
+
+    def auth_headers(self) -> dict[str, str]:
+        return self.auth.headers()
 
     def _env(self) -> dict[str, str]:
         env = scrubbed_env()
         env.pop("RAY_ADDRESS", None)
         env[TOKEN_ENV] = self.token
-        env["RAY_USAGE_STATS_ENABLED"] = "0"
         env["PYTHONUNBUFFERED"] = "1"
-        # Always off for this loopback-only cluster, whatever the environment says: an in-process
-        # ray.init earlier in the same pytest worker finds ~/.ray/auth_token and writes
-        # RAY_AUTH_MODE=token into os.environ; inherited, it would lock the state API that
-        # wait_ready polls ("Missing authentication token": no node ever looks alive).
-        env["RAY_AUTH_MODE"] = "disabled"
         return env
 
     def _run(self, command: str, extra_env: dict[str, str] | None = None) -> None:
         """One `ray start` line (the launcher's own `ray_start_command`), run by bash as the leader
         of a session of its own, which every daemon it starts stays in (`sessions`)."""
         assert self.log_path is not None
-        env = _ray_cluster.ray_start_env({**self._env(), **(extra_env or {})}, None)
-        # the `ray` next to this interpreter first, as the launcher's environment would have it
-        env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+        env = _ray_cluster.ray_start_env({**self._env(), **(extra_env or {})}, None, self.auth)
         with open(self.log_path, "a") as log:
             try:
                 returncode = _ray_cluster.run_in_own_session(command, env, log, self.sessions.append,
@@ -126,6 +137,7 @@ class LocalRayCluster:
             self.temp_dir = Path(tempfile.mkdtemp(prefix="mrc-", dir="/tmp"))
             self._owned_temp = True
         self.log_path = self.log_path or (self.temp_dir / "cluster.log")
+        _ray_auth.write_fresh_token(self.auth)
         try:
             self._run(_ray_cluster.ray_start_command(self._spec()))
             for _ in range(self.nodes - 1):
@@ -150,7 +162,7 @@ class LocalRayCluster:
         """Nodes the head reports alive; 0 while its state API does not answer (why: `last_error`)."""
         url = f"{self.address}/api/v0/nodes?limit=100"
         try:
-            with urllib.request.urlopen(url, timeout=15) as resp:
+            with urllib.request.urlopen(urllib.request.Request(url, headers=self.auth_headers()), timeout=15) as resp:
                 payload = json.loads(resp.read())
         except (OSError, ValueError) as err:
             self.last_error = f"{url}: {err}"

@@ -27,7 +27,8 @@ DRY_RUN_ENV = "MILES_SCRIPT_ENABLE_RAY_SUBMIT"
 # this shell, wandb, an outer cluster, the Hugging Face cache); dry runs drop them so a snapshot
 # is the same anywhere.
 _SCRUB_PREFIXES = ("MILES_", "SLURM_", "WANDB_", "HF_", "HUGGINGFACE_")
-_SCRUB_NAMES = ("CUDA_VISIBLE_DEVICES", "MASTER_ADDR", "RAY_ADDRESS", "PYTHONBREAKPOINT", "XDG_CACHE_HOME")
+_SCRUB_NAMES = ("CUDA_VISIBLE_DEVICES", "MASTER_ADDR", "RAY_ADDRESS", "PYTHONBREAKPOINT", "XDG_CACHE_HOME",
+                "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")  # each cluster names its own auth
 # A fake key, so the wandb flags a recipe adds when a key is set are in every snapshot; it is a
 # secret by name, redacted wherever the launcher shows or writes it.
 FAKE_WANDB_API_KEY = "dry-run-fake-wandb-key-0123456789"

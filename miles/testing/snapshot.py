@@ -159,6 +159,10 @@ def render_plan(plan: Mapping, norm: Normalizer | None = None) -> str:
             v = ray[k]
             if "port" in k:
                 continue  # ports are picked at start; the ray start command shows which are set
+            if isinstance(v, list) and v:  # one entry a line (the ports a head opens)
+                out.append(f"{k}:")
+                out += [f"  - {norm.text(json.dumps(item, sort_keys=True))}" for item in v]
+                continue
             text = json.dumps(v, sort_keys=True)
             out.append(f"{k}: {norm.text(text)}")
 

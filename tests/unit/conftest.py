@@ -6,6 +6,12 @@ from unittest import mock
 import pytest
 
 from miles.testing.idle import IdleEnded
+from miles.utils.external_utils.ray_auth import (
+    own_cluster_auth,
+    restore_this_process,
+    use_in_this_process,
+    write_fresh_token,
+)
 from miles.utils.external_utils.ray_cluster import NO_PRESTARTED_WORKERS_ENV
 
 
@@ -24,27 +30,25 @@ def pytest_collection_modifyitems(config, items):
 def _start_local_ray():
     ray = pytest.importorskip("ray")
     temp_dir = tempfile.mkdtemp(prefix="mr", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
-    # Explicitly off: otherwise ray.init, finding ~/.ray/auth_token, turns token auth on by writing
-    # RAY_AUTH_MODE=token into this process's os.environ, and every cluster a later test of this
-    # worker starts inherits it; our loopback clients then get "Missing authentication token" and
-    # see no nodes (the "second node never reported alive under the full suite" failures).
-    previous_auth_mode = os.environ.get("RAY_AUTH_MODE")
-    os.environ["RAY_AUTH_MODE"] = "disabled"
+    # A token of this cluster's own, named to ray.init (which reads only the environment). Left
+    # unnamed, a new local ray.init writes RAY_AUTH_MODE=token into os.environ and takes, or writes,
+    # ~/.ray/auth_token: the user's home, and a token every later cluster of this worker would
+    # inherit. Every other cluster names its own (ray_auth), so what this one leaves changes nothing.
+    auth = own_cluster_auth(temp_dir, environ={})
+    write_fresh_token(auth)
+    saved_auth = use_in_this_process(auth)
     # no workers started ahead of demand, as on the launcher's nodes (ray_cluster.NO_PRESTARTED_WORKERS_ENV):
     # the tests' drivers and actors carry runtime envs of their own, so two idle workers a start were waste
     with mock.patch.dict(os.environ, NO_PRESTARTED_WORKERS_ENV):
         ray.init(num_cpus=2, include_dashboard=False, _temp_dir=temp_dir, log_to_driver=False,
                  runtime_env={"env_vars": {"PYTHONPATH": os.getcwd(), "OMP_NUM_THREADS": "1"}})
-    return ray, temp_dir, previous_auth_mode
+    return ray, temp_dir, saved_auth
 
 
 def _stop_local_ray(started) -> None:
-    ray, temp_dir, previous_auth_mode = started
+    ray, temp_dir, saved_auth = started
     ray.shutdown()
-    if previous_auth_mode is None:
-        os.environ.pop("RAY_AUTH_MODE", None)
-    else:
-        os.environ["RAY_AUTH_MODE"] = previous_auth_mode
+    restore_this_process(saved_auth)
     shutil.rmtree(temp_dir, ignore_errors=True)
 
 

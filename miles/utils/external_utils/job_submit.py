@@ -97,7 +97,10 @@ def submit_and_follow(request: JobRequest, log_path: Path | None = None, secrets
     """
     from ray.job_submission import JobSubmissionClient
 
-    client = JobSubmissionClient(request.address)
+    from miles.utils.external_utils.ray_auth import headers_for
+
+    # the cluster's token as a header (ray_auth): a token in ~/.ray or the shell never decides it
+    client = JobSubmissionClient(request.address, headers=headers_for(request.address))
     job_id = client.submit_job(
         entrypoint=request.entrypoint, runtime_env=request.runtime_env, submission_id=request.submission_id
     )

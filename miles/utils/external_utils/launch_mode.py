@@ -19,6 +19,8 @@ DRY_RUN_ALIAS_ENV = "ENABLE_RAY_SUBMIT"
 EXTERNAL_RAY_ENV = "MILES_SCRIPT_EXTERNAL_RAY"
 EXTERNAL_ADDRESS_ENV = "MILES_SCRIPT_RAY_ADDRESS"  # the explicit address of an external cluster
 RAY_ADDRESS_ENV = "RAY_ADDRESS"
+# where the head's dashboard and job server listen; loopback unless set (jobs are submitted on the head)
+DASHBOARD_HOST_ENV = "MILES_SCRIPT_RAY_DASHBOARD_HOST"
 DEFAULT_JOB_SERVER = "http://127.0.0.1:8265"
 TRUE_WORDS = ("1", "true", "yes", "on")
 FALSE_WORDS = ("0", "false", "no", "off")
@@ -102,23 +104,35 @@ def check_job_server_url(name: str, raw: str) -> str:
     return raw.rstrip("/")
 
 
+def dashboard_host(environ: Mapping[str, str] | None = None) -> str:
+    """The address a head of ours binds its dashboard and job server to: 127.0.0.1 unless
+    MILES_SCRIPT_RAY_DASHBOARD_HOST names another (0.0.0.0: every interface; the token guards it)."""
+    environ = os.environ if environ is None else environ
+    return (environ.get(DASHBOARD_HOST_ENV) or "").strip() or "127.0.0.1"
+
+
 def external_job_server() -> str:
     return _or_exit(external_address)[0]
 
 
-def check_reachable(url: str, name: str, timeout: float = 3.0) -> None:
-    """Raise LaunchModeError in one line unless the job server at `url` answers within `timeout`."""
+def check_reachable(url: str, name: str, timeout: float = 3.0) -> str:
+    """The auth mode ('token' or 'disabled') the job server at `url` reports (Ray answers that
+    without a token); raise LaunchModeError in one line unless it answers within `timeout`. A Ray
+    without token auth (before 2.52) has no such endpoint: 'disabled'."""
+    import json
     import urllib.error
     import urllib.request
 
     try:
-        with urllib.request.urlopen(f"{url}/api/version", timeout=timeout):
-            return
-    except urllib.error.HTTPError:
-        return  # something answers HTTP there; Ray's own client reports what it dislikes
+        with urllib.request.urlopen(f"{url}/api/authentication_mode", timeout=timeout) as resp:
+            return str(json.loads(resp.read()).get("authentication_mode") or "disabled")
+    except urllib.error.HTTPError as err:
+        # something answers HTTP there: without the endpoint, a Ray that checks no token; anything
+        # else is not ours to judge: Ray's own client reports what it dislikes, with the user's token
+        return "disabled" if err.code == 404 else "token"
     except (OSError, ValueError) as err:
         reason = getattr(err, "reason", err)
         raise LaunchModeError(
             f"no Ray job server answers at {url} (from {name}) within {timeout:.0f}s: {reason}; fix: start the "
-            f"cluster (ray start --head --dashboard-host 0.0.0.0) or correct {name}"
+            f"cluster (ray start --head, with RAY_AUTH_MODE=token) or correct {name}"
         ) from None

@@ -12,6 +12,14 @@ from pathlib import Path
 
 from miles.utils.external_utils.launch_mode import is_dry_run
 from miles.utils.external_utils.multinode import LoopbackHeadError, check_worker_head
+from miles.utils.external_utils.ray_auth import (
+    DISABLED,
+    ClusterAuth,
+    RayAuthError,
+    disabled_warning,
+    joining_auth,
+    write_fresh_token,
+)
 from miles.utils.external_utils.processes import (
     TERM_GRACE_S,
     LaunchRecord,
@@ -51,6 +59,7 @@ def end_recorded_run(output_dir: str | Path, role: str) -> list[int]:
     ended = end_token_processes(record.token, session=record.session)
     print(f"cleanup: ended {len(ended)} process(es) left by an earlier {role} run (token {record.token})", flush=True)
     _remove_our_temp_dir(record)
+    _remove_auth_token(record)
     LaunchRecord.path_for(output_dir, role).unlink(missing_ok=True)
     return ended
 
@@ -63,9 +72,13 @@ def start_node(
     inherited_env: Mapping[str, str] | None = None,
     log_path: str | Path | None = None,
     gpu_node: bool = False,
+    *,
+    auth: ClusterAuth,
 ) -> None:
     """`ray start` with the record's token in its environment; records the process groups.
 
+    The node requires the cluster's Ray token (`auth`, named in its environment: ray_auth); a
+    record that owns a token file (a head of ours) gets a fresh token there first.
     `inherited_env` reaches every worker and job on this node through the raylet's environment.
     A `gpu_node` (a node of a GPU job) starts without the CPU tier's numerics pins this process
     may hold (miles.utils.numerics.unpinned_environ): its workers would inherit them.
@@ -74,7 +87,9 @@ def start_node(
     """
     warn_open_files_once(open_files_needed(spec))
     record.save(output_dir)  # before starting: a crash mid-start must still be cleanable
-    env = node_env(record.token, cuda_visible_devices, inherited_env, gpu_node)
+    if record.auth_token_file:
+        write_fresh_token(auth)
+    env = node_env(record.token, cuda_visible_devices, inherited_env, gpu_node, auth=auth)
     log_path = Path(log_path) if log_path else LaunchRecord.path_for(output_dir, record.role).with_suffix(".log")
     _run_in_own_session(ray_start_command(spec, cuda_visible_devices), env, log_path, record, output_dir)
     record.pgids = pgids_of(pids_with_token(record.token))
@@ -82,12 +97,13 @@ def start_node(
 
 
 def node_env(token: str, cuda_visible_devices: str | None, inherited_env: Mapping[str, str] | None = None,
-             gpu_node: bool = False, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+             gpu_node: bool = False, environ: Mapping[str, str] | None = None, *, auth: ClusterAuth) -> dict[str, str]:
     """The environment `ray start` runs in (and every worker of the node inherits): this process's
-    (`environ`), without the CPU numerics pins on a GPU node, plus `inherited_env` and the token."""
+    (`environ`), without the CPU numerics pins on a GPU node, plus `inherited_env`, the launch
+    token and the cluster's auth."""
     environ = os.environ if environ is None else environ
     base = unpinned_environ(environ) if gpu_node else dict(environ)
-    return ray_start_env(environ_with_token(token, base, **(inherited_env or {})), cuda_visible_devices)
+    return ray_start_env(environ_with_token(token, base, **(inherited_env or {})), cuda_visible_devices, auth)
 
 
 # Descriptors a node's processes hold: about 15 daemons at ~100 each, and each worker (an actor or
@@ -150,6 +166,14 @@ def stop_node(record: LaunchRecord, succeeded: bool = False, keep_logs: bool = F
         print(f"Ray's logs kept in {record.ray_temp_dir} (--keep-ray-logs)", flush=True)
     else:
         _remove_our_temp_dir(record)
+    _remove_auth_token(record)
+
+
+def _remove_auth_token(record: LaunchRecord) -> None:
+    """The node is gone and its token opens nothing any more: its file goes too (never one the
+    record does not own, such as the head's token a worker was given)."""
+    if record.auth_token_file:
+        Path(record.auth_token_file).unlink(missing_ok=True)
 
 
 def _remove_our_temp_dir(record: LaunchRecord) -> None:
@@ -174,17 +198,28 @@ def start_ray_worker(
     """Join the Ray head at `head_address` (host:gcs_port) as another node and block.
 
     Returns 0 when interrupted (Ctrl-C / SIGTERM) or when the head goes away, 1 if our own node
-    died; either way the node this call started is ended before returning. A loopback head is
-    refused (2) unless every node runs on this host (multinode.SINGLE_HOST_ENV); a dry run only
-    says so.
+    died or could not join; either way the node this call started is ended before returning. A
+    loopback head is refused (2) unless every node runs on this host (multinode.SINGLE_HOST_ENV),
+    and so is a launch without the head's Ray token (ray_auth.joining_auth: RAY_AUTH_TOKEN_PATH or
+    RAY_AUTH_TOKEN); a dry run only says so.
     """
+    refusals = []
     try:
         check_worker_head(head_address)
     except LoopbackHeadError as err:
-        if not is_dry_run():
-            print(f"error: {err}", file=sys.stderr, flush=True)
-            return 2
-        print(f"note: a real worker would refuse: {err}", file=sys.stderr, flush=True)
+        refusals.append(str(err))
+    try:
+        auth = joining_auth()
+    except RayAuthError as err:
+        refusals.append(str(err))
+        auth = ClusterAuth(DISABLED)
+    if refusals and not is_dry_run():
+        print(f"error: {refusals[0]}", file=sys.stderr, flush=True)
+        return 2
+    for refusal in refusals:
+        print(f"note: a real worker would refuse: {refusal}", file=sys.stderr, flush=True)
+    if not auth.enabled and not is_dry_run():
+        print(f"warning: {disabled_warning()}", file=sys.stderr, flush=True)
     node_ip = node_ip or _loopback_if_head_is(head_address)
     token = new_token()
     if not is_dry_run():  # never declare GPUs this machine does not have (a dry run plans for the recipe's)
@@ -202,7 +237,7 @@ def start_ray_worker(
     record = LaunchRecord(role, token, ray_temp_dir=spec.temp_dir)
     status = 1
     try:
-        start_node(spec, record, output_dir, cuda_visible_devices, gpu_node=num_gpus > 0)
+        start_node(spec, record, output_dir, cuda_visible_devices, gpu_node=num_gpus > 0, auth=auth)
         print(f"joined {head_address} as a Ray node (node {spec.node_ip or 'picked by Ray'}); Ray's output is in "
               f"{LaunchRecord.path_for(output_dir, role).with_suffix('.log')}; blocking until interrupted or the "
               f"head goes away", flush=True)
@@ -210,6 +245,10 @@ def start_ray_worker(
     except KeyboardInterrupt:
         print("interrupted: leaving the cluster", flush=True)
         status = 0
+    except subprocess.CalledProcessError as err:
+        log = LaunchRecord.path_for(output_dir, role).with_suffix(".log")
+        print(f"error: this node could not join {head_address}: `ray start` exited {err.returncode} (a missing or "
+              f"wrong Ray token shows there as InvalidAuthToken); its output: {log}", file=sys.stderr, flush=True)
     finally:
         stop_node(record, succeeded=status == 0, keep_logs=keep_ray_logs)
     return status

@@ -52,6 +52,8 @@ class LaunchRecord:
     pgids: list[int] = field(default_factory=list)
     session: int | None = None  # the session `ray start` ran in (its pid); its daemons stay in it
     launcher_pid: int = field(default_factory=os.getpid)
+    # a head's own Ray auth token file (ray_auth): made fresh when its node starts, removed when it ends
+    auth_token_file: str | None = None
 
     @staticmethod
     def path_for(output_dir: str | Path, role: str) -> Path:
@@ -69,7 +71,8 @@ class LaunchRecord:
             data = json.loads(path.read_text())
         except (FileNotFoundError, json.JSONDecodeError):
             return None
-        return cls(**data)
+        # a record another version of the launcher wrote: the fields this one knows (cleanup needs the token)
+        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
 
 
 def write_text_atomically(path: Path, text: str) -> None:

@@ -12,8 +12,11 @@ import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import IO
 
+from miles.utils.external_utils.multinode import is_loopback
+from miles.utils.external_utils.ray_auth import ClusterAuth, headers_for
 from miles.utils.ports import free_port_range, free_ports  # noqa: F401  (free_ports: also the launcher's)
 
 # Ray puts unix sockets under its temp dir and socket paths are limited to ~107 bytes, so the
@@ -23,6 +26,9 @@ _WORKER_PORT_COUNT = 100
 # Below Linux's ephemeral range (32768+), so outgoing connections do not take our worker ports.
 _WORKER_PORT_SPAN = (12000, 30000)
 MIN_OPEN_FILES = 65536
+LOOPBACK = "127.0.0.1"
+# `ray start` run by the launcher's own interpreter, with the Ray client server off (ray_start.py)
+RAY_START = (sys.executable, str(Path(__file__).with_name("ray_start.py")), "start")
 
 
 @dataclass(frozen=True)
@@ -33,7 +39,6 @@ class RayPorts:
     dashboard_port: int = 0
     node_manager_port: int = 0
     object_manager_port: int = 0
-    ray_client_server_port: int = 0
     dashboard_agent_listen_port: int = 0
     dashboard_agent_grpc_port: int = 0
     metrics_export_port: int = 0
@@ -68,6 +73,8 @@ class RayNodeSpec:
     num_cpus: int | None = None
     head_address: str | None = None
     object_store_bytes: int | None = None  # None: Ray's default share of memory
+    # where a head's dashboard and job server listen: loopback unless asked (jobs are submitted on the head)
+    dashboard_host: str = LOOPBACK
 
     @property
     def is_head(self) -> bool:
@@ -79,11 +86,13 @@ class RayNodeSpec:
 
     @property
     def job_server_url(self) -> str:
-        return f"http://{self.node_ip}:{self.ports.dashboard_port}"
+        host = LOOPBACK if self.dashboard_host in ("0.0.0.0", "::", "localhost") else self.dashboard_host
+        return f"http://{host}:{self.ports.dashboard_port}"
 
     def plan_entry(self) -> dict:
         return {**asdict(self.ports), "temp_dir": self.temp_dir, "node_ip": self.node_ip,
-                "num_gpus": self.num_gpus, "num_cpus": self.num_cpus, "head_address": self.head_address}
+                "num_gpus": self.num_gpus, "num_cpus": self.num_cpus, "head_address": self.head_address,
+                "dashboard_host": self.dashboard_host}
 
 
 def cpu_job_num_cpus(num_gpus_per_node: int) -> int | None:
@@ -93,11 +102,10 @@ def cpu_job_num_cpus(num_gpus_per_node: int) -> int | None:
 
 def ray_start_command(spec: RayNodeSpec, cuda_visible_devices: str | None = None) -> str:
     p = spec.ports
-    words = ["ray", "start"]
+    words = list(RAY_START)
     if spec.is_head:
-        words += ["--head", f"--port={p.gcs_port}", f"--dashboard-host={spec.node_ip}",
-                  f"--dashboard-port={p.dashboard_port}", "--include-dashboard=true",
-                  f"--ray-client-server-port={p.ray_client_server_port}"]
+        words += ["--head", f"--port={p.gcs_port}", f"--dashboard-host={spec.dashboard_host}",
+                  f"--dashboard-port={p.dashboard_port}", "--include-dashboard=true"]
     else:
         words += [f"--address={spec.head_address}"]
     if spec.node_ip:
@@ -123,15 +131,61 @@ def ray_start_command(spec: RayNodeSpec, cuda_visible_devices: str | None = None
     return prefix + shlex.join(words)
 
 
-def ray_start_env(base: dict[str, str], cuda_visible_devices: str | None) -> dict[str, str]:
+# What a Ray 2.60 head listens on beyond loopback, whatever --node-ip-address says (Ray turns
+# 127.0.0.1 into the host's routable address, and its gRPC servers bind every interface); seen
+# with `ss -ltnp` on a head of ours. Ray's --dashboard-host is the one bind address it lets us
+# choose. (port field or fixed port, service, where it binds, checks the token, why it is open)
+_HEAD_OPEN_PORTS = (
+    ("gcs_port", "GCS (--port)", "every interface", True, "every node joins the cluster and every driver connects here"),
+    ("node_manager_port", "raylet (--node-manager-port)", "every interface", True,
+     "the node's scheduler: other nodes lease its workers and place tasks and actors here"),
+    ("object_manager_port", "object manager (--object-manager-port)", "every interface", True,
+     "objects move between nodes"),
+    ("dashboard_agent_grpc_port", "dashboard agent gRPC (--dashboard-agent-grpc-port)", "every interface", True,
+     "the node's agent: metrics, events and job supervision"),
+    ("dashboard_agent_listen_port", "dashboard agent HTTP (--dashboard-agent-listen-port)", "the node's address",
+     True, "the job server reaches each node's agent"),
+    ("runtime_env_agent_port", "runtime env agent (--runtime-env-agent-port)", "the node's address", True,
+     "the raylet has runtime envs set up here"),
+    ("worker_ports", "workers (--min-worker-port..--max-worker-port)", "every interface", True,
+     "each worker's RPC server: drivers and actors on any node call it"),
+    ("metrics_export_port", "metrics export (--metrics-export-port)", "every interface", False,
+     "Prometheus metrics of the node, read-only"),
+    (44217, "autoscaler metrics (Ray's fixed AUTOSCALER_METRIC_PORT)", "every interface", False,
+     "Prometheus metrics, read-only; only the first head on a host gets the port"),
+    (44227, "dashboard metrics (Ray's fixed DASHBOARD_METRIC_PORT)", "every interface", False,
+     "Prometheus metrics, read-only; only the first head on a host gets the port"),
+)
+
+
+def open_to_network(spec: RayNodeSpec, auth: ClusterAuth) -> list[dict]:
+    """Every port the head `spec` opens on a routable address, where it binds, whether the
+    cluster's token guards it, and why it is open (the plan lists them). The dashboard and job
+    server are listed only when asked to bind beyond loopback; the Ray client server is off."""
+    p = spec.ports
+    entries = []
+    for port, service, binds, checks_token, why in _HEAD_OPEN_PORTS:
+        if port == "worker_ports":
+            port = f"{p.min_worker_port}-{p.max_worker_port}"
+        elif isinstance(port, str):
+            port = getattr(p, port)
+        entries.append({"port": port, "service": service, "binds": binds, "token": checks_token and auth.enabled,
+                        "why": why})
+    if not is_loopback(spec.dashboard_host):
+        entries.append({"port": p.dashboard_port, "service": "dashboard and job server (--dashboard-port)",
+                        "binds": spec.dashboard_host, "token": auth.enabled,
+                        "why": f"asked for by --dashboard-host {spec.dashboard_host} (MILES_SCRIPT_RAY_DASHBOARD_HOST)"})
+    return entries
+
+
+def ray_start_env(base: Mapping[str, str], cuda_visible_devices: str | None, auth: ClusterAuth) -> dict[str, str]:
     """`ray start`'s own environment: the raylet schedules GPUs from the CUDA_VISIBLE_DEVICES it
-    sees at start; set per job or actor it never reaches the scheduler."""
-    env = dict(base)
+    sees at start; set per job or actor it never reaches the scheduler. The node, and every
+    process it starts, names the cluster's auth explicitly (ray_auth): whatever token a shell or
+    ~/.ray holds never decides it."""
+    env = auth.node_env(base)
     env.pop("RAY_ADDRESS", None)  # would make `ray start` look for some other cluster
     env["RAY_USAGE_STATS_ENABLED"] = "0"
-    # Ray turns token auth on by itself when some earlier command left ~/.ray/auth_token behind;
-    # our own client then fails with 'Missing authentication token'. Opting in stays possible.
-    env.setdefault("RAY_AUTH_MODE", "disabled")
     for name, value in {**WORKER_PRIORITY_ENV, **NO_PRESTARTED_WORKERS_ENV}.items():
         env.setdefault(name, value)
     env.update(SLOW_MACHINE_TIMEOUTS)
@@ -247,11 +301,20 @@ class ClusterResources:
         return self.num_gpus >= num_gpus and self.num_cpus >= num_cpus and self.num_nodes >= num_nodes
 
 
+def alive_nodes(job_server_url: str) -> list:
+    """The cluster's alive nodes (Ray's NodeState), from its state API, with the cluster's token
+    (ray_auth.headers_for); no Ray driver is started."""
+    from ray.util.state import StateApiClient
+    from ray.util.state.common import ListApiOptions, StateResource
+
+    client = StateApiClient(job_server_url, headers={"Content-Type": "application/json", **headers_for(job_server_url)})
+    nodes = client.list(StateResource.NODES, options=ListApiOptions(), raise_on_missing_output=False)
+    return [n for n in nodes if n.state == "ALIVE"]
+
+
 def cluster_resources(job_server_url: str) -> ClusterResources:
     """Alive nodes and their total GPUs/CPUs, from the dashboard (no Ray driver is started)."""
-    from ray.util.state import list_nodes
-
-    nodes = [n for n in list_nodes(address=job_server_url, raise_on_missing_output=False) if n.state == "ALIVE"]
+    nodes = alive_nodes(job_server_url)
     total = lambda key: sum((n.resources_total or {}).get(key, 0.0) for n in nodes)  # noqa: E731
     return ClusterResources(num_nodes=len(nodes), num_gpus=total("GPU"), num_cpus=total("CPU"))
 
@@ -344,11 +407,9 @@ def this_machine(num_gpus: int, num_cpus: int | None) -> list:
 
 def alive_node_offers(job_server_url: str) -> list:
     """The cluster's alive nodes and their totals, from the dashboard (no Ray driver)."""
-    from ray.util.state import list_nodes
-
     from miles.utils.resource_fit import NodeOffer
 
-    nodes = [n for n in list_nodes(address=job_server_url, raise_on_missing_output=False) if n.state == "ALIVE"]
+    nodes = alive_nodes(job_server_url)
     return [NodeOffer(n.node_ip or n.node_id[:12],
                       {k: float(v) for k, v in (n.resources_total or {}).items() if k in ("GPU", "CPU", "memory")})
             for n in nodes]

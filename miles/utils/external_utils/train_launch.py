@@ -49,10 +49,12 @@ from miles.utils.external_utils.launch_mode import (
     RAY_ADDRESS_ENV,
     LaunchModeError,
     check_reachable,
+    dashboard_host,
     dry_run_switch,
     external_address,
     is_external_ray,
 )
+from miles.utils.external_utils import ray_auth
 from miles.utils.external_utils.local_cluster import HEAD_ROLE, end_recorded_run, start_node, stop_node
 from miles.utils.external_utils.multinode import LoopbackHeadError, check_head_address
 from miles.utils.external_utils.plan import LaunchPlan
@@ -64,6 +66,7 @@ from miles.utils.external_utils.ray_cluster import (
     cpu_job_num_cpus,
     declared_gpus,
     layout_verdict,
+    open_to_network,
     ray_start_command,
     ray_temp_dir_for,
     this_machine,
@@ -104,6 +107,7 @@ class _Launch:
     secrets: list[str]  # values to redact from anything shown or written
     head_port: int | None = None  # a fixed GCS port (multi-node), kept across restarts
     device: str = "cuda"  # the run's --device: a GPU run's head starts without the CPU numerics pins
+    auth: ray_auth.ClusterAuth | None = None  # our head's (planned); an external cluster's once asked
 
 
 def execute_train(
@@ -241,8 +245,11 @@ def _plan_launch(
     address, address_from = _job_server_address(external)
     token = new_token()
     node = None if external else _head_spec(token, num_gpus_per_node, dry, ray_head_port, config.cuda_visible_devices)
+    auth = None if external else ray_auth.own_cluster_auth(run_dir)  # an external cluster's: asked at launch
     if node is not None:
         _refuse_loopback_head(config.num_nodes, node.node_ip, dry)
+    if auth is not None and not auth.enabled:
+        print(f"warning: {ray_auth.disabled_warning()}", file=sys.stderr, flush=True)
     # Ray's runtime-env agent writes the runtime env, values included, to its log file. On a head
     # of our own, secrets therefore reach the job through the raylet's inherited environment
     # instead; an external cluster leaves the runtime env as the only way in.
@@ -262,15 +269,16 @@ def _plan_launch(
         num_gpus_per_node=num_gpus_per_node,
         cuda_visible_devices=config.cuda_visible_devices or os.environ.get("CUDA_VISIBLE_DEVICES"),
         external_ray=external, dry_run=dry, dry_run_decided_by=dry_decided_by,
-        ray=({"job_server": job.address, "address_from": address_from} if node is None
-             else {**node.plan_entry(), "job_server": job.address, "address_from": "own head"}),
+        ray=({"job_server": job.address, "address_from": address_from, "auth": "the mode the cluster reports"}
+             if node is None else {**node.plan_entry(), "job_server": job.address, "address_from": "own head",
+                                   "auth": auth.plan_entry(), "open_to_network": open_to_network(node, auth)}),
         commands=commands,
         prepare_commands=[redact_text(c, secret_values(env_vars)) for c in _take_recipe_commands()],
         hub_revisions=hub_revisions_in_argv(argv),
         memory_plan=memory.lines if memory is not None else [],
         memory_plan_error=_memory_error(memory),
     )
-    return _Launch(plan, job, node, token, node_secrets, secret_values(env_vars), ray_head_port, device)
+    return _Launch(plan, job, node, token, node_secrets, secret_values(env_vars), ray_head_port, device, auth)
 
 
 def _take_recipe_commands() -> list[str]:
@@ -340,7 +348,8 @@ def _head_spec(token: str, num_gpus_per_node: int, dry: bool, ray_head_port: int
     ports = RayPorts(gcs_port=ray_head_port or 0) if dry else RayPorts.allocate(host, gcs_port=ray_head_port)
     # a dry run plans for the recipe's machine; a real head declares only GPUs this machine has
     gpus = num_gpus_per_node if dry else declared_gpus(num_gpus_per_node, visible_gpus(cuda_visible_devices))
-    return RayNodeSpec(host, ports, ray_temp_dir_for(token), gpus, cpu_job_num_cpus(num_gpus_per_node))
+    return RayNodeSpec(host, ports, ray_temp_dir_for(token), gpus, cpu_job_num_cpus(num_gpus_per_node),
+                       dashboard_host=dashboard_host())
 
 
 def _train_namespace(launch: _Launch):
@@ -425,17 +434,23 @@ def _run_launch(
         with _sigterm_as_interrupt():
             while True:
                 if launch.node is None:
-                    check_reachable(launch.job.address, launch.plan.ray.get("address_from", "RAY_ADDRESS"))
+                    mode = check_reachable(launch.job.address, launch.plan.ray.get("address_from", "RAY_ADDRESS"))
+                    launch.auth = ray_auth.external_auth(launch.job.address, mode)
                 else:
                     if len(attempts) == 1:
                         end_recorded_run(config.output_dir, HEAD_ROLE)
-                    record = LaunchRecord(HEAD_ROLE, launch.token, ray_temp_dir=launch.node.temp_dir)
+                    record = LaunchRecord(HEAD_ROLE, launch.token, ray_temp_dir=launch.node.temp_dir,
+                                          auth_token_file=launch.auth.token_file)
                     phases.mark("ray_head_start")
                     start_node(launch.node, record, config.output_dir, config.cuda_visible_devices,
-                               launch.node_secrets, log_path=launcher_log, gpu_node=launch.device != "cpu")
+                               launch.node_secrets, log_path=launcher_log, gpu_node=launch.device != "cpu",
+                               auth=launch.auth)
+                    ray_auth.remember(launch.node.job_server_url, launch.auth)
                     phases.mark("ray_head_ready")
                     print(f"Ray head up on {launch.node.node_ip}: job server {launch.node.job_server_url}, GCS "
                           f"{launch.node.gcs_address}; Ray's own output is in {launcher_log}", flush=True)
+                    if config.num_nodes > 1:
+                        print(ray_auth.how_nodes_join(launch.auth, launch.node.gcs_address), flush=True)
                 restarts.set_aside_failure(run_dir, len(attempts) - 1)
                 job_causes: list[str] = []
                 watch = _watch_head(launch, record)
@@ -483,6 +498,7 @@ def _run_launch(
     finally:
         if record is not None:
             stop_node(record, succeeded=status == 0, keep_logs=config.keep_ray_logs)
+        ray_auth.forget(launch.job.address)
         phases.mark("teardown_end")
     job_ran = attempts[-1].exit is not None  # a job ended or was stopped (not a launch error before it)
     if job_ran:

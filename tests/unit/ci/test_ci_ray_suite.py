@@ -55,7 +55,7 @@ class GpuNodes:
 
     def gpu_nodes(self) -> list[dict]:
         url = f"{self.head.address}/api/v0/nodes?limit=100"
-        with urllib.request.urlopen(url, timeout=5) as resp:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=self.head.auth_headers()), timeout=5) as resp:
             nodes = json.loads(resp.read())["data"]["result"]["result"]
         return [n for n in nodes if n["state"] == "ALIVE" and (n.get("resources_total") or {}).get("GPU")]
 
@@ -107,8 +107,8 @@ def run_suite(cluster, tmp_path, entries, *extra, env_address=False):
     suite = tmp_path / "suite.json"
     suite.write_text(json.dumps(entries))
     out = tmp_path / "out"
-    env = {k: v for k, v in os.environ.items() if k not in ("GITHUB_STEP_SUMMARY", "RAY_ADDRESS")}
-    env["RAY_AUTH_MODE"] = "disabled"
+    env = {k: v for k, v in os.environ.items() if k not in ("GITHUB_STEP_SUMMARY", "RAY_ADDRESS", "RAY_AUTH_TOKEN")}
+    env.update(cluster.head.auth_env())  # the runner joins the cluster with its token, as a user would
     address = []
     if env_address:
         env["MILES_CI_RAY_ADDRESS"] = cluster.gcs_address

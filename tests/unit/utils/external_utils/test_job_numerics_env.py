@@ -10,6 +10,7 @@ from pathlib import Path
 
 from miles.utils.external_utils.env_vars import build_job_env_vars
 from miles.utils.external_utils.local_cluster import node_env
+from miles.utils.external_utils.ray_auth import ClusterAuth
 from miles.utils.numerics import GPU_JOB_ENV, GPU_PROCESS_CPU_THREADS, PINNED_ENV
 
 REPO = Path(__file__).resolve().parents[4]
@@ -53,8 +54,9 @@ def test_extra_env_vars_still_set_a_pin_on_a_gpu_job(tmp_path):
 
 def test_a_gpu_node_starts_without_the_pins_a_pinned_launcher_holds():
     launcher = {**PINNED_ENV, "PATH": "/bin", "MKL_CBWR": "COMPATIBLE"}  # one value the user chose
-    gpu_node = node_env("tok", "0,1", {"WANDB_API_KEY": "k"}, gpu_node=True, environ=launcher)
-    cpu_node = node_env("tok", None, gpu_node=False, environ=launcher)
+    auth = ClusterAuth("token", token_file="/run/ray_auth_token")
+    gpu_node = node_env("tok", "0,1", {"WANDB_API_KEY": "k"}, gpu_node=True, environ=launcher, auth=auth)
+    cpu_node = node_env("tok", None, gpu_node=False, environ=launcher, auth=auth)
     assert [name for name in PINNED_ENV if name in gpu_node] == ["MKL_CBWR"]
     assert gpu_node["MKL_CBWR"] == "COMPATIBLE" and gpu_node["PATH"] == "/bin"
     assert gpu_node["WANDB_API_KEY"] == "k" and gpu_node["CUDA_VISIBLE_DEVICES"] == "0,1"

@@ -66,7 +66,11 @@ def test_plan_has_the_documented_format_and_options_table_prints_first(sandbox):
     assert plan["argv"][:2] == ["--run-dir", str(sandbox["out"] / "run1")] and plan["run_id"] == "run1"
     assert plan["recipe"].endswith("example_recipe.py") and plan["locked_flags"] == {"--diffusion-num-steps": "8"}
     assert plan["num_gpus_per_node"] == 0 and plan["ray"]["gcs_port"] == 0
-    assert plan["commands"][0].startswith("ray start --head") and "--num-gpus=0" in plan["commands"][0]
+    assert " start --head " in plan["commands"][0] and "--num-gpus=0" in plan["commands"][0]
+    assert "ray_start.py" in plan["commands"][0] and "client-server" not in plan["commands"][0]
+    # the head requires a token of its own; the plan names its file, never a token
+    assert plan["ray"]["auth"] == {"mode": "token", "token_file": str(sandbox["out"] / "run1" / "ray_auth_token")}
+    assert plan["ray"]["dashboard_host"] == "127.0.0.1" and plan["ray"]["open_to_network"]
     assert plan["commands"][-1].startswith("ray job submit")
     assert result.stdout.index("--num-rollout") < result.stdout.index("EXEC: ")
     assert [line for line in result.stdout.splitlines() if line.startswith("EXEC: ")] == \
@@ -171,14 +175,17 @@ def test_help_lists_every_option_with_its_help(sandbox):
 
 
 def test_worker_dry_run_prints_the_join_command_and_records_nothing(sandbox):
-    environ = {**os.environ, "MILES_SCRIPT_ENABLE_RAY_SUBMIT": "0"}
+    environ = {**{k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")},
+               "MILES_SCRIPT_ENABLE_RAY_SUBMIT": "0"}
     result = subprocess.run(
         [sys.executable, str(RECIPE), "worker", "--head-address", "127.0.0.1:6399",
          "--output-dir", str(sandbox["out"])],
         capture_output=True, text=True, env=environ, timeout=60,
     )
     assert result.returncode == 0, result.stderr
-    assert "EXEC: ray start --address=127.0.0.1:6399 --node-ip-address=127.0.0.1" in result.stdout
+    assert "ray_start.py start --address=127.0.0.1:6399 --node-ip-address=127.0.0.1" in result.stdout
+    # ... and says that a real worker, given no token of the head's, would refuse
+    assert "note: a real worker would refuse: the head requires its token" in result.stderr
     assert list(sandbox["out"].iterdir()) == []
 
 

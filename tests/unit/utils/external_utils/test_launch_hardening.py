@@ -84,7 +84,8 @@ def test_unreachable_external_cluster_is_one_line_within_seconds(out):
     assert "Traceback" not in result.stderr + result.stdout
     assert f"127.0.0.1:{port}" in _last_line(result) and "MILES_SCRIPT_RAY_ADDRESS" in _last_line(result)
     assert result.seconds < 20
-    assert _plan(out)["ray"] == {"job_server": f"http://127.0.0.1:{port}", "address_from": "MILES_SCRIPT_RAY_ADDRESS"}
+    assert _plan(out)["ray"] == {"job_server": f"http://127.0.0.1:{port}", "address_from": "MILES_SCRIPT_RAY_ADDRESS",
+                                 "auth": "the mode the cluster reports"}
 
 
 def test_job_server_url_check():

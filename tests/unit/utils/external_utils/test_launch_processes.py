@@ -87,6 +87,14 @@ def test_record_round_trips_through_its_file(tmp_path):
     assert LaunchRecord.load(tmp_path, "worker") == record
 
 
+def test_a_record_with_fields_this_launcher_does_not_know_still_loads_for_cleanup(tmp_path):
+    path = LaunchRecord.path_for(tmp_path, "head")
+    path.parent.mkdir(parents=True)
+    path.write_text('{"role": "head", "token": "abc", "field_of_a_newer_launcher": 1}')
+    loaded = LaunchRecord.load(tmp_path, "head")
+    assert (loaded.role, loaded.token, loaded.auth_token_file) == ("head", "abc", None)
+
+
 def test_atomic_write_leaves_no_temporary_file(tmp_path):
     target = tmp_path / "sub" / "x.json"
     write_text_atomically(target, "one")
