@@ -16,6 +16,8 @@ run as ODE.
 
 from __future__ import annotations
 
+from typing import Any, Callable
+
 import torch
 
 from miles.models.loader import DiffusionModel, select_rows
@@ -127,8 +129,13 @@ def _denoise(model: DiffusionModel, requests: list[SampleRequest], cond: Conditi
 
 
 def generate(model: DiffusionModel, requests: list[SampleRequest], params: SamplingParams,
-             trained_steps: list[int], debug: bool = False) -> list[Trajectory]:
-    """Trajectories in request order; prompts are evaluated in microgroups of their own group."""
+             trained_steps: list[int], debug: bool = False,
+             finish: Callable[[list[SampleRequest], list[Trajectory]], list[Any]] | None = None) -> list[Any]:
+    """Trajectories in request order; prompts are evaluated in microgroups of their own group.
+
+    `finish(requests, trajectories)`, when given, takes each microgroup's trajectories as soon as
+    they are made and returns what stands for them in the answer (miles.rollout.engine_store puts
+    them away), so at most one microgroup's whole paths are held at a time."""
     bad = [k for k in trained_steps if not 0 <= k < params.num_steps]
     if bad:
         raise ValueError(f"trained steps {bad} are outside [0, {params.num_steps})")
@@ -143,6 +150,7 @@ def generate(model: DiffusionModel, requests: list[SampleRequest], params: Sampl
     by_id = {}
     for chunk in _microgroups(requests, params.microgroup_size):
         cond = select_rows(encoded, [row_of[r.prompt] for r in chunk])
-        for r, t in zip(chunk, _denoise(model, chunk, cond, params, trained_steps, debug)):
+        made = _denoise(model, chunk, cond, params, trained_steps, debug)
+        for r, t in zip(chunk, made if finish is None else finish(chunk, made)):
             by_id[id(r)] = t
     return [by_id[id(r)] for r in requests]
