@@ -13,11 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from miles.rollout.rm_hub import ocr, pickscore
 from miles.rollout.rm_hub.registry import reward_name
 from miles.rollout.rm_hub.types import RewardError, RewardSample, pick_frames
-
-EIGHT_BIT_FRAMES = {"pickscore": pickscore.VIDEO_FRAMES, "ocr": ocr.VIDEO_FRAMES}
+from miles.utils.reward_names import EIGHT_BIT_FRAMES
 EVERY_FRAME = 0  # `frames_to_send`'s answer for a reward that reads the decoded values
 
 

@@ -84,3 +84,13 @@ def test_a_thumbnail_is_the_first_frame_at_most_its_side_and_keeps_the_aspect():
     assert small.dtype == np.uint8 and small.shape == (3, 74, THUMBNAIL_SIDE)
     assert abs(float(small.mean()) / 255 - float(video[0].mean())) < 0.01  # area average: the mean is kept
     assert thumbnail(torch.rand(3, 32, 32)).shape == (3, 32, 32)  # small images as they are
+
+
+def test_the_host_plan_counts_the_thumbnails_the_driver_keeps():
+    from miles.ray.rollout_manager import THUMBNAILS, thumbnail_samples
+    from miles.utils.host_plan import THUMBNAIL_BYTES
+
+    assert THUMBNAIL_BYTES == THUMBNAILS * 3 * THUMBNAIL_SIDE ** 2
+    # the first sample of every prompt, then the second...: 16 of 16 x 16, 4 of 2 x 2
+    assert thumbnail_samples(16, 16) == {g * 16 for g in range(16)}
+    assert thumbnail_samples(2, 2) == {0, 1, 2, 3}
