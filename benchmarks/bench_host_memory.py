@@ -30,6 +30,7 @@ import argparse
 import json
 import os
 import pickle
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -208,7 +209,7 @@ def measure(rollouts: int) -> dict:
     tally.during(RolloutManager, "generate", "rollout")
     tally.during(TrainActorGroup, "train", "rollout")
     tally.during(RolloutManager, "evaluate", "eval")
-    _start_ray()
+    temp = _start_ray()
     rss = PeakRss()
     rss.thread.start()
     Path("/proc/self/clear_refs").write_text("5")  # the driver's VmHWM from here
@@ -219,26 +220,29 @@ def measure(rollouts: int) -> dict:
     rss.thread.join()
     driver_peak = _vm_hwm("self")
     ray.shutdown()
+    shutil.rmtree(temp, ignore_errors=True)
     per_rollout, per_eval = _phase_sums(tally.bytes)
     return {"code": code, "rollout_bytes": per_rollout, "eval_bytes": per_eval, "thumbnail_bytes": tally.thumbnails,
             "samples": 8, "eval_samples": 4, "rss": {"driver": [driver_peak], **rss.by_role()}}
 
 
-def _start_ray(attempts: int = 3) -> None:
-    """A private cluster (a temp dir of its own); a loaded machine can miss Ray's start-up deadline."""
+def _start_ray(attempts: int = 3) -> str:
+    """A private cluster (a temp dir of its own, returned); a loaded machine can miss Ray's start-up deadline."""
     import ray
 
     os.environ["RAY_AUTH_MODE"] = "disabled"
     for attempt in range(attempts):
+        temp = tempfile.mkdtemp(prefix="bhm", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
         try:
-            ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-                     _temp_dir=tempfile.mkdtemp(prefix="bhm", dir="/tmp"),
+            ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _temp_dir=temp,
                      runtime_env={"env_vars": {"PYTHONPATH": sys.path[0], "OMP_NUM_THREADS": "1"}})
-            return
+            return temp
         except Exception:
             ray.shutdown()
+            shutil.rmtree(temp, ignore_errors=True)
             if attempt == attempts - 1:
                 raise
+    raise AssertionError("unreachable")
 
 
 def _phase_sums(tallied: dict) -> tuple[list[int], list[int]]:
@@ -270,8 +274,13 @@ def before_tree(ref: str) -> tuple[Path, callable]:
     where = Path(tempfile.mkdtemp(prefix="bhm-before-"))
     subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(where / "tree"), ref], check=True,
                    capture_output=True)
-    return where / "tree", lambda: subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force",
-                                                   str(where / "tree")], check=False, capture_output=True)
+
+    def remove() -> None:
+        subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(where / "tree")], check=False,
+                       capture_output=True)
+        shutil.rmtree(where, ignore_errors=True)
+
+    return where / "tree", remove
 
 
 def report(before: dict, after: dict) -> dict[str, float]:
