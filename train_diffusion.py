@@ -118,7 +118,8 @@ def train(args: Namespace, plan: BatchPlan) -> int:
     trainer = None if args.debug_rollout_only else TrainActorGroup(args, plan, placement, pg, runtime_env)
     # sft_loss (--train-only): dataset items stand in for rollouts; no engines, no rewards, no weight pushes
     sft = args.loss_type == "sft_loss"
-    rollout = SFTSource(args) if sft else RolloutManager(args, placement, pg, runtime_env)  # while the ranks set up
+    rollout = SFTSource(args) if sft else RolloutManager(args, placement, pg, runtime_env,  # while the ranks set up
+                                                         train_plan=None if trainer is None else plan)
     if trainer is not None:
         trainer.wait_ready()
     if trainer is not None and (lora := trainer.lora_spec()) is not None:
@@ -163,6 +164,7 @@ def train(args: Namespace, plan: BatchPlan) -> int:
         metrics.update(generated)
         if trainer is not None:
             metrics.update(trainer.train(batch)[0].metrics)
+            del batch  # the last reference: the rollout's samples are freed where the engines keep them
             faults.check_finite(metrics, rollout_id)  # before the weights move on or get saved
             if not sft and rollout_id != args.debug_skip_weight_update_at:
                 metrics.update(weights.push())

@@ -15,6 +15,7 @@ half the micro-batches come after the first step: the every-micro-batch probe re
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import tempfile
 import time
@@ -71,7 +72,7 @@ def main() -> None:
 def _rollout(args):
     from miles.backends.loss import compute_advantages
     from miles.backends.types import RolloutBatch
-    from miles.ray.rollout_manager import sample_seed, without_images
+    from miles.ray.rollout_manager import sample_seed
     from miles.rollout.data import PromptDataset
     from miles.rollout.engine import RolloutEngine
     from miles.rollout.step_strategy import trained_steps_for_rollout
@@ -87,7 +88,8 @@ def _rollout(args):
     trajectories = engine.generate(requests, steps, True)
     rewards = [float(t.image.mean()) for t in trajectories]
     advantages = compute_advantages(torch.tensor(rewards), n)
-    return RolloutBatch(0, without_images(trajectories), rewards, advantages.tolist(), steps)
+    return RolloutBatch(0, [dataclasses.replace(t, image=None) for t in trajectories], rewards, advantages.tolist(),
+                        steps)
 
 
 if __name__ == "__main__":

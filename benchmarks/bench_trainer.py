@@ -53,10 +53,8 @@ def make_batch(args):
     sys.path.insert(0, str(REPO / "tests/unit/backends"))
     from dtype_helpers import one_rollout
 
-    from miles.ray.rollout_manager import without_images
-
     batch = one_rollout(args, debug=False)
-    return dataclasses.replace(batch, trajectories=without_images(batch.trajectories))
+    return dataclasses.replace(batch, trajectories=[dataclasses.replace(t, image=None) for t in batch.trajectories])
 
 
 def rollout_tiles(plan, batch) -> list[list[tuple[int, int]]]:

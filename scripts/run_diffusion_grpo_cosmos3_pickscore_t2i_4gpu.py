@@ -16,6 +16,7 @@ GPU layout (--scale full, 1 node, 4 GPUs):
 
 Scales (--scale):
     full       Cosmos and PickScore, 768 px, 16 prompts x 8 samples, 4 GPUs
+               eval: 256 held-out prompts every 30 rollouts, none before training
     gpu-proxy  our proxy-size cosmos3 and a tiny CLIP, 256 px, same 4-GPU layout
     cpu-proxy  our tiny cosmos3 and tiny CLIP, 64 px, 2 CPU train ranks
 
@@ -50,7 +51,7 @@ _SCALES: dict[str, _Scale] = {  # PickScore workers beside the engines, on a sli
     "full": _Scale(
         U.FULL_SCALE, train_ranks=4, resolution=768, num_steps=10, sde_window_max_start=3, rollout_batch_size=16,
         n_samples_per_prompt=8, tile_samples=8, rm_num_workers=4, reward_gpus=0.4, colocate_reward=True,
-        num_prompts=4000, num_rollout=300, eval_interval=10, save_interval=20,
+        num_prompts=4000, num_rollout=300, eval_interval=30, eval_prompts=256, save_interval=20,
     ),
     "gpu-proxy": _Scale(
         U.GPU_PROXY, train_ranks=4, resolution=256, num_steps=10, sde_window_max_start=3, rollout_batch_size=8,

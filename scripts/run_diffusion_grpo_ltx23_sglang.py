@@ -21,6 +21,7 @@ GPU layout (--scale full, 1 node, 5 H200 141 GB GPUs):
 
 Scales (--scale):
     full       LTX-2.3 and PickScore, 512x768 px x 25 frames, 8 prompts x 8 samples, 5 GPUs
+               eval: 64 held-out prompts every 30 rollouts, none before training
     gpu-proxy  our proxy-size ltx2 and a tiny CLIP, 256 px x 9 frames, same 5-GPU layout
     cpu-proxy  our tiny ltx2 and tiny CLIP, 64 px x 9 frames, 2 CPU train ranks, CPU reward actor
 
@@ -58,7 +59,7 @@ _SCALES: dict[str, _Scale] = {
     "full": _Scale(
         U.FULL_SCALE, train_ranks=4, sharded=True, height=512, width=768, frames=25, num_steps=20, sde_window_max_start=6,
         rollout_batch_size=8, n_samples_per_prompt=8, tile_samples=4, reward_gpus=1, rm_num_workers=4,
-        num_prompts=4000, num_rollout=200, eval_interval=10, save_interval=20,
+        num_prompts=4000, num_rollout=200, eval_interval=30, eval_prompts=64, save_interval=20,
     ),
     "gpu-proxy": _Scale(
         U.GPU_PROXY, train_ranks=4, height=256, width=256, frames=9, num_steps=10, sde_window_max_start=3,

@@ -40,6 +40,7 @@ GPU layout (--scale full, 1 node, 5 GPUs):
 
 Scales (--scale):
     full       Qwen-Image and PickScore, 512 px, 32 prompts x 16 samples, 5 GPUs
+               eval: 256 held-out prompts every 30 rollouts, none before training
     gpu-proxy  our proxy-size qwen_image and a tiny CLIP, 256 px, same 5-GPU layout
     1gpu-proxy the gpu-proxy models on 1 GPU, shared by the train rank, its engine and PickScore
     cpu-proxy  our tiny qwen_image and tiny CLIP, 64 px, 2 CPU train ranks, CPU reward actor
@@ -82,7 +83,7 @@ _SCALES: dict[str, _Scale] = {
     "full": _Scale(
         U.FULL_SCALE, train_ranks=4, resolution=512, num_steps=10, sde_window_max_start=3, rollout_batch_size=32,
         n_samples_per_prompt=16, tile_samples=8, reward_gpus=1, rm_num_workers=4, num_prompts=4000,
-        num_rollout=300, eval_interval=10, save_interval=20, sharded=True,
+        num_rollout=300, eval_interval=30, eval_prompts=256, save_interval=20, sharded=True,
     ),
     "gpu-proxy": _Scale(
         U.GPU_PROXY, train_ranks=4, resolution=256, num_steps=10, sde_window_max_start=3, rollout_batch_size=8,

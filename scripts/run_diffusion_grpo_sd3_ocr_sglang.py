@@ -18,6 +18,7 @@ GPU layout (--scale full, 1 node, 2 GPUs):
 
 Scales (--scale):
     full       the released checkpoint, 512 px, 16 prompts x 16 samples, 2 GPUs
+               eval: 256 held-out prompts every 30 rollouts, none before training
     gpu-proxy  our proxy-size sd3 (fills a GPU), 256 px, small batch, same 2-GPU layout
     cpu-proxy  our tiny sd3, 64 px, 2 CPU train ranks; two rollouts in about a minute
 
@@ -67,7 +68,7 @@ _SCALES: dict[str, _Scale] = {  # the OCR reward workers are CPU actors at every
     "full": _Scale(
         U.FULL_SCALE, train_ranks=2, resolution=512, num_steps=10, sde_window_max_start=3, rollout_batch_size=16,
         n_samples_per_prompt=16, tile_samples=8, rm_num_workers=4, num_prompts=2000, num_rollout=400,
-        eval_interval=10, save_interval=20,
+        eval_interval=30, eval_prompts=256, save_interval=20,
     ),
     "gpu-proxy": _Scale(
         U.GPU_PROXY, train_ranks=2, resolution=256, num_steps=10, sde_window_max_start=3, rollout_batch_size=4,

@@ -19,6 +19,7 @@ GPU layout (--scale full, 3 nodes, 17 GPUs):
 
 Scales (--scale):
     full       Wan2.2 A14B and PickScore, 480x832 px x 33 frames, 16 prompts x 16 samples, 17 GPUs
+               eval: 64 held-out prompts every 100 rollouts, none before training
     gpu-proxy  the CI proxy: our proxy-size wan2_2 and a tiny CLIP on ONE node of 4 GPUs
                (3 train ranks + engines colocated, 1 PickScore GPU), 256 px x 9 frames
     cpu-proxy  our tiny wan2_2 and tiny CLIP, 64 px x 5 frames, 2 CPU train ranks, CPU reward actor
@@ -86,7 +87,7 @@ _SCALES: dict[str, _Scale] = {
     "full": _Scale(
         U.FULL_SCALE, num_nodes=3, train_gpus_per_node=8, reward_gpus=1, reward_node=True, height=480, width=832,
         frames=33, num_steps=20, sde_window_max_start=16, rollout_batch_size=16, n_samples_per_prompt=16,
-        rm_num_workers=4, num_prompts=4000, num_rollout=200, eval_interval=10, save_interval=10, sharded=True,
+        rm_num_workers=4, num_prompts=4000, num_rollout=200, eval_interval=100, eval_prompts=64, save_interval=10, sharded=True,
     ),
     "gpu-proxy": _Scale(
         U.GPU_PROXY, num_nodes=1, train_gpus_per_node=3, reward_gpus=1, reward_node=False, height=256, width=256,

@@ -19,6 +19,7 @@ GPU layout (--scale full, 1 node, 5 GPUs):
 
 Scales (--scale):
     full       Wan2.2 A14B and PickScore, 480x832 px x 33 frames, 8 prompts x 8 samples, 5 GPUs
+               eval: 64 held-out prompts every 30 rollouts, none before training
     gpu-proxy  our proxy-size wan2_2 and a tiny CLIP, 256 px x 9 frames, same 5-GPU layout
     1gpu-proxy the gpu-proxy models on 1 GPU, shared by the train rank, its engine and PickScore
     cpu-proxy  our tiny wan2_2 and tiny CLIP, 64 px x 5 frames, 2 CPU train ranks, CPU reward actor
@@ -57,7 +58,7 @@ _SCALES: dict[str, _Scale] = {
     "full": _Scale(
         U.FULL_SCALE, train_ranks=4, height=480, width=832, frames=33, num_steps=20, sde_window_max_start=6,
         rollout_batch_size=8, n_samples_per_prompt=8, reward_gpus=1, rm_num_workers=4, num_prompts=4000,
-        num_rollout=200, eval_interval=10, save_interval=20, sharded=True,
+        num_rollout=200, eval_interval=30, eval_prompts=64, save_interval=20, sharded=True,
     ),
     "gpu-proxy": _Scale(
         U.GPU_PROXY, train_ranks=4, height=256, width=256, frames=9, num_steps=10, sde_window_max_start=4,

@@ -24,6 +24,7 @@ GPU layout (--scale full, 1 node, 3 GPUs):
 
 Scales (--scale):
     full       SD3.5-Medium and PickScore, 512 px, 16 prompts x 8 samples, 3 GPUs
+               eval: 256 held-out prompts every 30 rollouts, none before training
     gpu-proxy  our proxy-size sd3 and a tiny CLIP, 256 px, same 3-GPU layout
     cpu-proxy  our tiny sd3 and tiny CLIP, 64 px, 2 CPU train ranks, CPU reward actor
 
@@ -57,7 +58,7 @@ _SCALES: dict[str, _Scale] = {  # num_steps: 2 of them, drawn at random, are tra
     "full": _Scale(
         U.FULL_SCALE, train_ranks=2, resolution=512, num_steps=10, rollout_batch_size=16, n_samples_per_prompt=8,
         # tile 4: the engines sample microgroups of 4 (8 sequences per guided forward), which fits the H100
-        tile_samples=4, reward_gpus=1, rm_num_workers=2, num_prompts=4000, num_rollout=300, eval_interval=10,
+        tile_samples=4, reward_gpus=1, rm_num_workers=2, num_prompts=4000, num_rollout=300, eval_interval=30, eval_prompts=256,
         save_interval=20,
     ),
     "gpu-proxy": _Scale(

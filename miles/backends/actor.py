@@ -284,8 +284,8 @@ class TrainRank:
         """
         trajs, expert, guidance = self._pair_tensors(batch, pairs)
         gather = lambda fn: torch.stack([fn(t, p) for t, p in zip(trajs, pairs)]).to(self.device)  # noqa: E731
-        x = gather(lambda t, p: t.latents[p.step])
-        x_next = gather(lambda t, p: t.latents[p.step + 1])
+        x = gather(lambda t, p: t.latent(p.step))
+        x_next = gather(lambda t, p: t.latent(p.step + 1))
         sigma = gather(lambda t, p: t.sigmas[p.step])
         sigma_next = gather(lambda t, p: t.sigmas[p.step + 1])
         old_log_prob = gather(lambda t, p: t.log_probs[p.step])
@@ -296,9 +296,12 @@ class TrainRank:
             before_forward(ctx)
         velocity = self._train_velocity if train else self.fmodel.velocity
         step = self._step(ctx, velocity(x, sigma, cond, guidance, expert))
-        if probe is not None and probe.wants() and trajs[0].model_outputs is not None:
-            stored = torch.stack([t.model_outputs[p.step] for t, p in zip(trajs, pairs)])
-            probe.add(step.v.detach().cpu(), stored, step.log_prob.detach().cpu(), old_log_prob.cpu())
+        if probe is not None and probe.wants():
+            stored = [t.model_output(p.step) for t, p in zip(trajs, pairs)]
+            if any(s is None for s in stored):  # the driver asks the engines for what the probe compares
+                raise ValueError(f"the parity probe compares micro-batch {pairs}, but the engine kept no model "
+                                 f"output for it (miles.backends.rollout_shard.probed_outputs)")
+            probe.add(step.v.detach().cpu(), torch.stack(stored), step.log_prob.detach().cpu(), old_log_prob.cpu())
         return step, old_log_prob, ctx
 
     @staticmethod
@@ -381,7 +384,7 @@ class TrainRank:
         count and after a resume.
         """
         trajs, expert, guidance = self._pair_tensors(batch, pairs)
-        x0 = torch.stack([t.latents[-1] for t in trajs]).to(self.device)
+        x0 = torch.stack([t.latent(-1) for t in trajs]).to(self.device)
         noise = torch.stack([
             torch.randn(x0.shape[1:], generator=torch.Generator().manual_seed(
                 zlib.crc32(f"{self.args.seed}:{batch.rollout_id}:{p.sample}:{p.step}".encode())))
@@ -643,6 +646,16 @@ def probed_extra_micro_batches(schedule: list[list[list[Pair]]], limit: int,
     free = len(schedule[0]) if first_window_free else 0
     extra = [mb for window in schedule[1 if first_window_free else 0:] for mb in window]
     return extra[:max(0, limit - free)] if limit else extra
+
+
+def probed_micro_batches(schedule: list[list[list[Pair]]], limit: int, nft: bool) -> list[list[Pair]]:
+    """Every micro-batch `_train_rollout` hands the probe, in its order: the extra forwards first,
+    then (policy loss) the first optimizer step's training forwards while the probe wants more."""
+    extra = probed_extra_micro_batches(schedule, limit, first_window_free=not nft)
+    if nft:
+        return extra
+    first = schedule[0] if schedule else []
+    return extra + (first[:max(0, limit - len(extra))] if limit else first)
 
 
 class _ParityProbe:

@@ -11,7 +11,7 @@ from miles.export.source import CheckpointSource
 # flags that say where things go or how a run is watched, not what it learns
 NOT_TRAINING = {"run_dir", "save", "save_interval", "load", "use_wandb", "wandb_project", "wandb_group",
                 "wandb_run_name", "wandb_mode", "wandb_dir", "validate_only", "custom_config_path", "num_nodes",
-                "gpu_memory_gb", "debug_fault", "max_restarts", "eval_interval", "eval_prompt_data",
+                "gpu_memory_gb", "host_memory_gb", "debug_fault", "max_restarts", "eval_interval", "eval_prompt_data",
                 "eval_num_prompts", "diffusion_debug_mode", "actor_num_nodes", "actor_num_gpus_per_node",
                 "rollout_num_gpus", "rollout_num_gpus_per_engine", "num_gpus_per_node", "colocate", "colocate_reward",
                 "rm_num_workers", "rm_num_gpus_per_worker", "reward_timeout", "weight_sync", "update_weight_buffer_size",

@@ -436,6 +436,7 @@ def load_model(path: str | Path, family: str | None = None, device: str | torch.
         if name not in listed or listed[name][0] is None:
             raise CheckpointError(f"checkpoint {path} has no {name!r} component (model_index.json)")
     parts: dict[str, Any] = {}
+    device = torch.device(device)
     for name, (library, class_name) in sorted(listed.items()):
         if library is None or name == SCHEDULER:
             # the schedule is computed from the scheduler's config (read_scheduler_config); diffusers'
@@ -454,9 +455,9 @@ def load_model(path: str | Path, family: str | None = None, device: str | torch.
             parts[name] = _meta_component(name, library, class_name, folder, dtype)
         else:
             parts[name] = _load_component(name, library, class_name, folder, dtype)
-    device = torch.device(device)
-    for name, part in parts.items():
-        if isinstance(part, torch.nn.Module) and name not in empty:
-            part.to(device=device)
+        if isinstance(parts[name], torch.nn.Module) and name not in empty:
+            # each part to the device as soon as it is loaded: the host then holds one part at a time
+            # (every engine of a node loads at once; the whole pipeline each would be Wan2.2's 64 GiB)
+            parts[name].to(device=device)
     boundary = index.get("boundary_ratio", spec.boundary_ratio) if spec.boundary_ratio is not None else None
     return DiffusionModel(spec, parts, path, boundary, device, dtype)

@@ -9,34 +9,19 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-import numpy as np
-
 from miles.ray import faults
 from miles.ray.placement import REWARD_CPU_PER_WORKER
-from miles.rollout.rm_hub import ocr, pickscore
 from miles.rollout.rm_hub.pool import split_evenly
-from miles.rollout.rm_hub.registry import reward_name
 from miles.rollout.rm_hub.scoring import score_samples
-from miles.rollout.rm_hub.types import RewardError, RewardSample, pick_frames
+from miles.rollout.rm_hub.types import RewardError, RewardSample
+from miles.rollout.rm_hub.wire import frames_to_send, reward_input
 from miles.utils.debug_faults import fire
-
-# Rewards that read a few frames of a video as 8-bit pixels (`frame_to_pil`): they are sent only
-# those frames, already rounded to uint8 exactly as `frame_to_pil` rounds them, so their scores
-# are unchanged and a video crosses as F x 1 byte instead of F x 4 bytes per value. Every other
-# reward (the pixel statistics of `cheap`, a custom one) is sent every frame in float32.
-EIGHT_BIT_FRAMES = {"pickscore": pickscore.VIDEO_FRAMES, "ocr": ocr.VIDEO_FRAMES}
 
 
 def wire_sample(args: Any, sample: RewardSample) -> RewardSample:
-    """What a reward worker is sent for `sample`."""
-    try:
-        count = EIGHT_BIT_FRAMES.get(reward_name(args, sample.metadata or {}))
-    except RewardError:  # the worker names the sample and the reason
-        count = None
-    if count is None:
-        return sample.to_wire()
-    pixels = np.round(pick_frames(sample.frames(), count) * 255.0).astype(np.uint8)
-    return RewardSample(sample.prompt, pixels if sample.is_video else pixels[0], dict(sample.metadata))
+    """What a reward worker is sent for `sample` (miles.rollout.rm_hub.wire; in a run, the engine
+    that decoded it makes this)."""
+    return reward_input(sample.prompt, sample.image, sample.metadata, frames_to_send(args, sample.metadata))
 
 
 class RewardWorker:
@@ -49,6 +34,11 @@ class RewardWorker:
         fire(self, "reward-kill")
         fire(self, "reward-hang")
         return await score_samples(self.args, samples, first_index=first_index)
+
+    async def score_stored(self, refs: list[Any], first_index: int) -> list[float]:
+        """Score samples an engine left in the object store: fetched from there, not through the driver."""
+        samples = list(await asyncio.gather(*refs))
+        return await self.score(samples, first_index)
 
     def ready(self) -> bool:
         return True
@@ -103,6 +93,10 @@ class RewardPool:
         return [self.workers[part].score.remote(wire[start:stop], start)
                 for part, (start, stop) in enumerate(split_evenly(len(wire), len(self.workers)))]
 
+    def _submit_stored(self, refs: list[Any]) -> list[Any]:
+        return [self.workers[part].score_stored.remote(refs[start:stop], start)
+                for part, (start, stop) in enumerate(split_evenly(len(refs), len(self.workers)))]
+
     @staticmethod
     def _unwrap(err: Exception) -> Exception:
         import ray.exceptions
@@ -116,7 +110,13 @@ class RewardPool:
         return err
 
     def score(self, samples: list[RewardSample]) -> list[float]:
-        refs = self._submit(samples)
+        return self._gather(self._submit(samples))
+
+    def score_stored(self, refs: list[Any]) -> list[float]:
+        """Scores of samples the engines left in the object store (`StoredSample.reward_input`), in order."""
+        return self._gather(self._submit_stored(refs))
+
+    def _gather(self, refs: list[Any]) -> list[float]:
         try:  # a dead or silent worker: faults.RunFailure naming it (an infrastructure failure)
             parts = faults.wait_for(refs, self.workers[:len(refs)], "score")
         except faults.RunFailure:

@@ -10,8 +10,8 @@ from miles.backends.train_offload import resident
 from miles.backends.collectives import host_store
 from miles.backends.sync_group import SyncGroupAddress, WeightSender
 from miles.backends.weight_buckets import BucketPlan, plan_buckets, send_buckets
-from miles.backends.rollout_shard import rank_shard
-from miles.backends.types import RolloutBatch, TrainResult
+from miles.backends.rollout_shard import fetch_shard, rank_shard
+from miles.backends.types import RolloutBatch, RolloutRefs, TrainResult
 from miles.ray import faults
 from miles.ray.faults import wait_for
 from miles.utils.debug_faults import fire
@@ -62,6 +62,8 @@ class TrainActor(TrainRank):
     # fault injection (--debug-fault, miles.utils.debug_faults): armed by the driver, carried out here
     def train(self, batch):
         fire(self, "train-kill")
+        if isinstance(batch, RolloutRefs):  # a run's rollout: this rank's samples, from where the engines keep them
+            batch = fetch_shard(batch, ray.get)
         try:
             return super().train(batch)
         finally:
@@ -114,14 +116,18 @@ class TrainActorGroup:
         """ray.get with a deadline; a dead or silent rank becomes a RunFailure naming it."""
         return wait_for(refs, actors or self.actors, what)
 
-    def train(self, batch: RolloutBatch | ray.ObjectRef) -> list[TrainResult]:
+    def train(self, batch: RolloutRefs | RolloutBatch | ray.ObjectRef) -> list[TrainResult]:
         """A rollout goes out as one shard per rank (miles.backends.rollout_shard): a rank never
-        deserialises the trajectories other ranks train on. Anything else goes whole."""
-        if isinstance(batch, RolloutBatch) and 1 < len(self.actors) == self.plan.dp_size:
-            refs = [ray.put(rank_shard(batch, self.plan, rank)) for rank in range(len(self.actors))]
+        deserialises the trajectories other ranks train on. A run's rollout (`RolloutRefs`) goes as
+        references: each rank fetches its samples from the object store. Anything else goes whole."""
+        sharded = 1 < len(self.actors) == self.plan.dp_size
+        if isinstance(batch, RolloutRefs):
+            shards = [rank_shard(batch, self.plan, rank) if sharded else batch for rank in range(len(self.actors))]
+        elif isinstance(batch, RolloutBatch) and sharded:
+            shards = [ray.put(rank_shard(batch, self.plan, rank)) for rank in range(len(self.actors))]
         else:
-            refs = [batch if isinstance(batch, ray.ObjectRef) else ray.put(batch)] * len(self.actors)
-        return self._get([a.train.remote(ref) for a, ref in zip(self.actors, refs)], "train")
+            shards = [batch if isinstance(batch, ray.ObjectRef) else ray.put(batch)] * len(self.actors)
+        return self._get([a.train.remote(shard) for a, shard in zip(self.actors, shards)], "train")
 
     def weight_update_refs(self) -> list[tuple[str, ray.ObjectRef]]:
         actors = self.actors if self.sharded else self.actors[:1]

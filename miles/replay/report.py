@@ -3,8 +3,10 @@
 A phase fails when its measured peak (plus each process's CUDA context, as the plan charges it)
 is over the budget, or when the measured allocations and the plan's differ by more than
 TOLERANCE of the larger. A failure names the phase, the GPU, the roles and the largest tensors
-alive at the peak. Host memory per node has no flag of its own: HOST_MEMORY_GB is the node
-the recipes are written for (an 8-GPU H100/H200 node), less the same headroom as a GPU.
+alive at the peak. Each node's host memory (`--host-memory-gb` minus the same headroom) is the
+replayed train rank's and engine's host bytes composed into the node as the host plan composes
+its own (miles.utils.host_plan): what only the plan models (process runtimes, the driver, the
+reward workers, the object store) is the same on both sides.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from miles.replay.run import PHASES, ReplayResult, ReplayUnavailable, replay
+from miles.replay.run import ENGINE, PHASES, RANK, ReplayResult, ReplayUnavailable, replay
 
 GIB = 1024 ** 3
 TOLERANCE = 0.15
@@ -20,7 +22,6 @@ TOLERANCE = 0.15
 # tensors, a scalar per parameter (AdamW's step), one weight's rows in flight; under 1 GiB on every
 # case replayed (docs/memory-plan.md), so small host figures are not held to 15 % of themselves
 SLACK = 1.0 * 1024 ** 3
-HOST_MEMORY_GB = 1024.0
 
 
 class ReplayFailure(AssertionError):
@@ -74,6 +75,7 @@ class Report:
     scale: str
     rows: list[Row]
     notes: list[str] = field(default_factory=list)
+    pinned: dict[str, tuple[int, int]] = field(default_factory=dict)  # offloaded part -> (arena, rounded) bytes
 
     @property
     def ok(self) -> bool:
@@ -107,7 +109,7 @@ class Report:
 
 
 def compare(result: ReplayResult, ns, plan, recipe: str, scale: str) -> Report:
-    from miles.utils.memory_plan import CUDA_CONTEXT_GIB, HEADROOM_FRACTION, phase_plan
+    from miles.utils.memory_plan import CUDA_CONTEXT_GIB, phase_plan
 
     estimate = phase_plan(ns, plan)
     if estimate is None:
@@ -119,10 +121,39 @@ def compare(result: ReplayResult, ns, plan, recipe: str, scale: str) -> Report:
             ctx = processes * CUDA_CONTEXT_GIB * GIB
             rows.append(Row(phase, m.place, m.peak + ctx, estimate.with_context(m.place, phase),
                             estimate.budget_gib * GIB, {r: b for r, b in m.roles.items()}, m.top))
-    host_budget = HOST_MEMORY_GB * (1 - HEADROOM_FRACTION) * GIB
-    rows.append(Row("host", "node", result.host_per_node, estimate.host_per_node, host_budget))
+    rows += host_rows(result, ns, estimate.host)
     notes = [f"{phase}: not replayed ({why})" for phase, why in result.skipped.items()]
-    return Report(recipe, scale, rows, notes)
+    notes += pinned_notes(result)
+    return Report(recipe, scale, rows, notes, dict(result.offload_layout))
+
+
+def host_rows(result: ReplayResult, ns, host) -> list[Row]:
+    """Each node's host memory: one replayed train rank's and engine's host bytes per phase in place of
+    the plan's, composed into the node as the plan composes it (miles.utils.host_plan.compose_nodes)."""
+    from miles.utils.host_plan import compose_nodes
+
+    dp = getattr(ns, "train_backend", "dp") != "fsdp"  # a data-parallel checkpoint is rank 0's alone
+    phases = result.host_phases
+    rank = {p: float(v["idle rank"] if dp and p == "checkpoint save" else v[RANK]) for p, v in phases.items()}
+    engine = {p: float(v[ENGINE]) for p, v in phases.items()}
+    copies = {"checkpoint save": float(phases["checkpoint save"][RANK] - rank["checkpoint save"])}
+    measured = compose_nodes(ns, host.roles, rank, engine, copies, host.procs.scorer, host.sample)
+    budget = host.budget_gib * GIB
+    return [Row("host", f"node {m.roles.index}", m.total, planned.total, budget,
+                {what: b.get(m.peak_phase, 0.0) for what, b in m.parts.items()})
+            for m, planned in zip(measured, host.nodes)]
+
+
+def pinned_notes(result: ReplayResult) -> list[str]:
+    """What the offload arenas hold per process, and what torch's pinned allocator would have."""
+    if not result.offload_layout:
+        return []
+    parts = "; ".join(f"{name} {arena / GIB:.1f} GiB (rounded {rounded / GIB:.1f})"
+                      for name, (arena, rounded) in result.offload_layout.items() if arena)
+    arena = sum(a for a, _ in result.offload_layout.values())
+    rounded = sum(r for _, r in result.offload_layout.values())
+    return [f"pinned offload per GPU: {arena / GIB:.1f} GiB in exact arenas, where torch's power-of-two pinned "
+            f"blocks would hold {rounded / GIB:.1f} GiB ({parts})"]
 
 
 def replay_recipe(recipe: str | Path, scale: str, extrapolate: bool = False) -> Report:

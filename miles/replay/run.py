@@ -5,8 +5,8 @@ Phases (each the real code; the seams are miles.replay.seams):
   setup            `TrainRank.setup` (its real --train-backend, sharding and offload), the engine's
                    `RolloutEngine(...)` load in --rollout-dtype, reward workers' scorer build
   rollout          one denoising step of the engine (`DiffusionModel.velocity`, guided as the
-                   recipe guides) and the VAE decode of one sample, with the trajectories of the
-                   engine's microgroup held on the host
+                   recipe guides) and the VAE decode of one sample, with the engine's microgroup's
+                   whole path held on the host (its steps and their stack)
   train            `TrainRank.train` over a batch whose plan deals each rank exactly one
                    micro-batch: one forward + backward and one optimizer step (SFT: its items'
                    media and prompts' conditioning stand-ins, miles.replay.seams.sft_stand_ins)
@@ -76,30 +76,17 @@ class PhaseMeasure:
     top: list[str] = field(default_factory=list)
 
 
-@dataclass(frozen=True)
-class HostShape:
-    """How one node's host memory adds up from one rank's and one engine's."""
-
-    ranks: int  # train ranks per node
-    engines: int  # engines per node
-    rank0_saves: bool  # a data-parallel checkpoint: only rank 0 writes (and copies) it
-
-
 @dataclass
 class ReplayResult:
     key: str
     blocks: int | None
     measures: list[PhaseMeasure]
     processes: dict[str, dict[str, int]]  # place -> role -> processes of that role on it
-    host_phases: dict[str, int]  # phase -> host memory of one node's ranks and engines
-
-    @property
-    def host_per_node(self) -> int:
-        return max(self.host_phases.values(), default=0)
+    host_phases: dict[str, dict[str, int]]  # phase -> host memory of one train rank, of rank 0, of one engine
     collectives: list[tuple[str, str, str]] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)  # phase -> why it was not replayed
     records: list[PhaseRecord] = field(default_factory=list)  # what the figures above are made from
-    host_shape: HostShape = HostShape(1, 0, False)
+    offload_layout: dict[str, tuple[int, int]] = field(default_factory=dict)  # part -> (arena bytes, rounded bytes)
 
     def record(self, phase: str) -> PhaseRecord:
         return next(r for r in self.records if r.name == phase)
@@ -147,8 +134,18 @@ def _extrapolated(base: ReplayResult, steps: list[tuple[ReplayResult, int]]) -> 
                for record in base.records]
     tops = {(m.phase, m.place): m.top for m in deeper.measures}
     measures = _measures(records, deeper.processes, lambda record, place: tops.get((record.name, place), []))
-    host = _host_phases(records, base.host_shape)
-    return dataclasses.replace(deeper, blocks=None, measures=measures, host_phases=host, records=records)
+    return dataclasses.replace(deeper, blocks=None, measures=measures, host_phases=process_host(records),
+                               records=records, offload_layout=_extrapolated_layout(base, steps))
+
+
+def _extrapolated_layout(base: ReplayResult, steps: list[tuple[ReplayResult, int]]) -> dict[str, tuple[int, int]]:
+    """Each offloaded part's arena and rounded bytes at the released depth: the arena's affine in the
+    blocks; the rounding is per storage, so every block's storages round alike (a block's share)."""
+    def line(part: str, i: int) -> int:
+        return max(0, base.offload_layout[part][i] + sum(
+            count * (more.offload_layout[part][i] - base.offload_layout[part][i]) for more, count in steps))
+
+    return {part: (line(part, 0), line(part, 1)) for part in base.offload_layout}
 
 
 def _record_line(base: PhaseRecord, steps: list[tuple[PhaseRecord, int]]) -> PhaseRecord:
@@ -262,10 +259,9 @@ def _phases(memory: LiveMemory, args, plan, world: int, engines: bool, root: Pat
         skipped["rollout"] = "no engines (SFT trains on a dataset)"
     processes = _processes(args, places, engines, rewards)
     measures = _measures(memory.phases, processes, lambda record, place: _top(memory, record, place))
-    shape = _host_shape(args, engines)
-    host = _host_phases(memory.phases, shape)
     calls = list(rank.comm.calls)
-    return ReplayResult(key, blocks, measures, processes, host, calls, skipped, memory.phases, shape)
+    return ReplayResult(key, blocks, measures, processes, process_host(memory.phases), calls, skipped, memory.phases,
+                        offload_layout(rank, engine))
 
 
 def _one_micro_batch_plan(plan):
@@ -355,8 +351,11 @@ def _rollout_step(memory: LiveMemory, args, engine) -> None:
     steps = params.num_steps
     with resident_while_sampling(engine.offloaded_weights):
         with memory.at(HOST, ENGINE):
+            # the microgroup's path as sampler._denoise holds it at its peak: every step's latents (and
+            # model outputs) as made, and their stack
             stored = (steps + 1) + (steps if args.diffusion_debug_mode else 0)
-            held = torch.empty((group, stored, *shape), dtype=torch.float32, device="meta")
+            made = [torch.empty((group, *shape), dtype=torch.float32, device="meta") for _ in range(stored)]
+            held = torch.stack(made, dim=1)
             cond = _conditioning(model, args, model.dtype)
             x = torch.empty((1, *shape), dtype=torch.float32, device="meta")
         sigmas = sampler.sigmas_for(model, params)
@@ -366,7 +365,7 @@ def _rollout_step(memory: LiveMemory, args, engine) -> None:
             v = model.velocity(x, sigmas[0], cond, scale, expert).cpu()
             images = model.decode(model.pipeline_latents(x, sigmas[-1]))
         del v, images, cond, x
-    del held  # what generate returns outlives the weights' offload
+    del held, made  # what generate returns (references to the object store) outlives the weights' offload
 
 
 def _batches(args, rank, real_plan):
@@ -415,8 +414,9 @@ def _sampling(args):
 
 def _batch(args, rank, real_plan, expert: str, hold: bool):
     """A rollout batch dealing rank 0 its one micro-batch, and the rest of the shard the real plan
-    deals it (held beside, never read): its trajectories on the host, as the driver ships them
-    (miles.backends.rollout_shard: every other trajectory is None)."""
+    deals it (held beside, never read): its trajectories on the host, as the rank fetches them from
+    the object store (miles.backends.rollout_shard: every other trajectory is None)."""
+    from miles.backends.rollout_shard import probed_outputs
     from miles.backends.types import RolloutBatch
     from miles.rollout.types import Trajectory
     from miles.rollout.sampler import guidance_scales
@@ -444,14 +444,22 @@ def _batch(args, rank, real_plan, expert: str, hold: bool):
     with _disable_current_modes(), torch.device("cpu"):  # real values: the rank reads them (tolist)
         host_sigmas = torch.tensor(sigmas, dtype=torch.float32)
 
+    outputs = probed_outputs(args, plan, trained)
+    conds: dict[int, object] = {}
+
     def trajectory(i: int) -> Trajectory:
+        """As the rank fetches it: what the engine kept (`for_training`), its group's conditioning shared."""
         meta = lambda *s: torch.empty(s, dtype=torch.float32, device="meta")  # noqa: E731
-        return Trajectory(prompt="", group_index=i // args.n_samples_per_prompt, sample_index=i, seed=i,
-                          latents=meta(steps + 1, *shape), sigmas=host_sigmas.clone(),
-                          log_probs=meta(steps), trained_steps=trained, cond=_conditioning(model, args, dtype),
-                          experts=experts, guidance_scales=[scales[e] for e in experts], sde_type="sde",
-                          noise_level=params.noise_level, image=meta(*image),
-                          model_outputs=meta(steps, *shape) if args.diffusion_debug_mode else None)
+        group = i // args.n_samples_per_prompt
+        whole = Trajectory(prompt="", group_index=group, sample_index=i, seed=i,
+                           latents=meta(steps + 1, *shape), sigmas=host_sigmas.clone(),
+                           log_probs=meta(steps), trained_steps=trained, cond=None,
+                           experts=experts, guidance_scales=[scales[e] for e in experts], sde_type="sde",
+                           noise_level=params.noise_level, image=meta(*image),
+                           model_outputs=meta(steps, *shape) if args.diffusion_debug_mode else None)
+        kept = whole.for_training(outputs.get(i, ()))
+        kept.cond = conds.setdefault(group, _conditioning(model, args, dtype))
+        return kept
 
     trajectories = [trajectory(i) if i in mine else None for i in range(plan.samples_per_rollout)]
     n = plan.samples_per_rollout
@@ -560,18 +568,19 @@ def _top(memory: LiveMemory, record: PhaseRecord, place: str) -> list[str]:
     return lines[:6]
 
 
-def _host_shape(args, engines: bool) -> HostShape:
-    from miles.utils.memory_plan import engines_per_node
+def process_host(records: list[PhaseRecord]) -> dict[str, dict[str, int]]:
+    """Per phase, the host memory of one train rank and of one engine, and of a rank that writes no
+    file in the phase (a data-parallel checkpoint is rank 0's alone; the replayed rank is rank 0)."""
+    return {record.name: {RANK: record.role_share(HOST, RANK), ENGINE: record.role_share(HOST, ENGINE),
+                          "idle rank": record.start.get((HOST, RANK), 0)} for record in records}
 
-    return HostShape(args.actor_num_gpus_per_node, engines_per_node(args) if engines else 0,
-                     getattr(args, "train_backend", "dp") != "fsdp")
 
-
-def _host_phases(records: list[PhaseRecord], shape: HostShape) -> dict[str, int]:
-    """The host memory one node's processes hold in each phase: its train ranks and engines."""
-    def ranks_host(record: PhaseRecord) -> int:
-        if record.name == "checkpoint save" and shape.rank0_saves:  # only rank 0 writes a data-parallel checkpoint
-            return record.role_share(HOST, RANK) + (shape.ranks - 1) * record.start.get((HOST, RANK), 0)
-        return shape.ranks * record.role_share(HOST, RANK)
-
-    return {record.name: ranks_host(record) + shape.engines * record.role_share(HOST, ENGINE) for record in records}
+def offload_layout(rank, engine) -> dict[str, tuple[int, int]]:
+    """Each offloaded part's host arena and what torch's pinned allocator would hold for the same
+    storages (each rounded up to a power of two): miles.models.offload."""
+    parts = []
+    if getattr(rank, "offload", None) is not None:
+        parts += [(f"{RANK} {p.what.split(' ', 3)[-1]}", p) for p, _ in rank.offload.parts()]
+    if engine is not None and engine.offloaded_weights is not None:
+        parts.append((f"{ENGINE} weights", engine.offloaded_weights.weights))
+    return {name: (part.arena.nbytes if part.arena is not None else 0, part.rounded_bytes) for name, part in parts}

@@ -14,6 +14,8 @@ project's own code. All are undone when the replay ends.
   scalar (AdamW's step count) is not freed by an offload, since its host copy is on meta;
 - the sharded setup's reading of each rank's rows from the safetensors files: the parameters
   get (meta) storage on the device and each weight's rows pass through the host one at a time;
+- a component the loader builds is built on the host and moved to the role's device, as
+  `from_pretrained` loads it and load_model moves it (`_named`);
 - attention runs as the GPU's fused kernel (`_fused_attention`), not torch's math fallback;
 - without torchvision (not a dependency), diffusers' Cosmos transformer gets a nearest resize;
 - objects gathered from the ranks (`all_gather_object`) are rank 0's, as every rank is;
@@ -211,11 +213,19 @@ def _marked_step(memory: LiveMemory, step):
 
 
 def _named(memory: LiveMemory, build):
-    """The loader's meta build of a component, its tensors named as they are made (so a refusal
-    can name tensors a phase drops before it ends)."""
+    """The loader's meta build of a component, as `from_pretrained` loads it: on the host, then moved
+    to the role's device (load_model moves each part as soon as it is loaded), its tensors named as
+    they land (so a refusal can name tensors a phase drops before it ends)."""
     def wrapped(name, *args, **kwargs):
         memory.mark(f"{memory.role} builds {name}")
-        module = build(name, *args, **kwargs)
+        place = memory.place
+        if place in (HOST, UNPLACED):
+            module = build(name, *args, **kwargs)
+        else:
+            with memory.at(HOST, memory.role):
+                module = build(name, *args, **kwargs)
+            if isinstance(module, torch.nn.Module):
+                module.to(device=torch.device("meta"))  # the seam below copies it to the device, freeing the host's
         if isinstance(module, torch.nn.Module):
             memory.name_storages({f"{memory.role} {name}.{n}": t for n, t in
                                   [*module.named_parameters(), *module.named_buffers()]})

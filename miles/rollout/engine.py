@@ -15,7 +15,8 @@ from miles.models.loader import DiffusionModel, load_model
 from miles.models.runtime import configure_torch
 from miles.rollout import sampler
 from miles.rollout.engine_offload import EngineOffload, reload_weights, resident_while_sampling
-from miles.rollout.types import SampleRequest, SamplingParams, Trajectory
+from miles.rollout.engine_store import SampleStore
+from miles.rollout.types import SampleRequest, SamplingParams, StoredSample, Trajectory
 from miles.utils import phases
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -105,6 +106,22 @@ class RolloutEngineActor(RolloutEngine):
 
         fire(self, "engine-kill")  # --debug-fault engine-kill@N (the fault suite)
         return super().generate(requests, trained_steps, debug, evaluation)
+
+    def generate_to_store(self, requests: list[SampleRequest], trained_steps: list[int], evaluation: bool = False,
+                          train: bool = True) -> list[StoredSample]:
+        """A run's samples: each kept in Ray's object store by this engine (miles.rollout.engine_store),
+        the caller answered with where they lie. Model outputs are recorded where a request asks;
+        `train`: train ranks will read the trajectories (else only what the rewards score is kept)."""
+        import ray
+
+        from miles.utils.debug_faults import fire
+
+        fire(self, "engine-kill")
+        store = SampleStore(ray.put, train)
+        params = self.params.for_eval() if evaluation else self.params
+        debug = any(r.output_steps for r in requests)
+        with resident_while_sampling(self.offloaded_weights):
+            return sampler.generate(self.model, requests, params, trained_steps, debug, finish=store.keep)
 
 
 def engine_actor_options(args) -> dict:

@@ -16,6 +16,9 @@ run as ODE.
 
 from __future__ import annotations
 
+from dataclasses import replace
+from typing import Any, Callable
+
 import torch
 
 from miles.models.loader import DiffusionModel, select_rows
@@ -110,25 +113,39 @@ def _denoise(model: DiffusionModel, requests: list[SampleRequest], cond: Conditi
 
     cond = cond.to("cpu")
     stacked = torch.stack(latents, dim=1)  # [B, N + 1, ...]
-    log_prob_table = torch.stack(log_probs, dim=1)  # [B, N]
     output_table = torch.stack(outputs, dim=1) if debug else None
+    del latents, outputs  # the path is held once from here (its rows are views until a caller copies them)
+    log_prob_table = torch.stack(log_probs, dim=1)  # [B, N]
     return [
         Trajectory(
             prompt=r.prompt, group_index=r.group_index, sample_index=r.sample_index, seed=r.seed,
-            latents=stacked[i].clone(), sigmas=torch.tensor(sigmas, dtype=torch.float32),
+            latents=stacked[i], sigmas=torch.tensor(sigmas, dtype=torch.float32),
             log_probs=log_prob_table[i].clone(), trained_steps=sorted(trained), cond=cond.select(i),
             experts=list(experts), guidance_scales=list(step_scales), sde_type=sde_type,
-            noise_level=params.noise_level, image=images[i].clone(),
-            model_outputs=None if output_table is None else output_table[i].clone(),
+            noise_level=params.noise_level, image=images[i],
+            model_outputs=None if output_table is None else output_table[i],
             metadata=dict(r.metadata),
         )
         for i, r in enumerate(requests)
     ]
 
 
+def own_copies(requests: list[SampleRequest], trajectories: list[Trajectory]) -> list[Trajectory]:
+    """Each trajectory with tensors of its own (a pickled view would carry its whole microgroup) and
+    outside inference mode, so a trainer can differentiate through them."""
+    copy = lambda t: None if t is None else t.clone()  # noqa: E731
+    return [replace(t, latents=t.latents.clone(), image=copy(t.image), model_outputs=copy(t.model_outputs))
+            for t in trajectories]
+
+
 def generate(model: DiffusionModel, requests: list[SampleRequest], params: SamplingParams,
-             trained_steps: list[int], debug: bool = False) -> list[Trajectory]:
-    """Trajectories in request order; prompts are evaluated in microgroups of their own group."""
+             trained_steps: list[int], debug: bool = False,
+             finish: Callable[[list[SampleRequest], list[Trajectory]], list[Any]] | None = None) -> list[Any]:
+    """Trajectories in request order; prompts are evaluated in microgroups of their own group.
+
+    `finish(requests, trajectories)`, when given, takes each microgroup's trajectories as soon as
+    they are made and returns what stands for them in the answer (miles.rollout.engine_store puts
+    them away), so at most one microgroup's whole paths are held at a time."""
     bad = [k for k in trained_steps if not 0 <= k < params.num_steps]
     if bad:
         raise ValueError(f"trained steps {bad} are outside [0, {params.num_steps})")
@@ -143,6 +160,7 @@ def generate(model: DiffusionModel, requests: list[SampleRequest], params: Sampl
     by_id = {}
     for chunk in _microgroups(requests, params.microgroup_size):
         cond = select_rows(encoded, [row_of[r.prompt] for r in chunk])
-        for r, t in zip(chunk, _denoise(model, chunk, cond, params, trained_steps, debug)):
+        made = _denoise(model, chunk, cond, params, trained_steps, debug)
+        for r, t in zip(chunk, (finish or own_copies)(chunk, made)):
             by_id[id(r)] = t
     return [by_id[id(r)] for r in requests]

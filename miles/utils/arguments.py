@@ -213,6 +213,8 @@ def _cluster(parser) -> None:
     g.add_argument("--gpu-memory-gb", type=positive_float, default=None,
                    help="memory of each GPU in GiB (H100: 80, H200: 141); the memory plan refuses a layout whose "
                    "per-GPU estimate exceeds it minus 10%% headroom; unset: GPU 0's by NVML, else 80")
+    g.add_argument("--host-memory-gb", type=positive_float, default=None, help="host memory of each node in GiB; "
+                   "the host plan refuses a layout whose per-node estimate exceeds it minus 10%% headroom; unset: 1024")
 
 
 def _batch(parser) -> None:

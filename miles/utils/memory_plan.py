@@ -59,13 +59,16 @@ per GPU: a train GPU carries its rank, plus an engine with --colocate, plus rewa
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import struct
 from argparse import Namespace
 from dataclasses import dataclass, field
-from pathlib import Path
+
+from miles.utils.eval_plan import eval_lines
+from miles.utils.host_plan import HostPlan, HostPlanError, build_host_plan
+from miles.utils.model_facts import (  # noqa: F401  (the plan's facts; model_facts and the table keys re-exported)
+    CFG_IN_ONE_CALL, DTYPE_BYTES, GEOMETRY, ComponentFacts, Geometry, ModelFacts, _guided, _hub_repo_name,
+    _lora_params, _table_key, _text_tokens, _tokens, _trained, model_facts, read_checkpoint, safetensors_params,
+)
 
 GIB = 1024 ** 3
 DEFAULT_GPU_MEMORY_GB = 80.0
@@ -75,56 +78,10 @@ CUDA_CONTEXT_GIB = 1.0
 ACT_VALUES_PER_TOKEN = 17  # Korthikanti et al.: 34 s b h bytes per layer at 2 bytes a value
 VAE_DECODE_MAPS = 6
 VAE_DECODE_CHANNELS = 128
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-SAFETENSORS_BYTES = {"F64": 8, "F32": 4, "BF16": 2, "F16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
-                     "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
-
-
-@dataclass(frozen=True)
-class Geometry:
-    """How a family's pixels become transformer tokens, and how the pipeline feeds text."""
-
-    spatial: int  # VAE spatial compression
-    temporal: int  # VAE temporal compression (1: images)
-    patch: tuple[int, int, int]  # transformer patch (t, h, w)
-    latent_channels: int
-    joint_text: bool  # text tokens go through every block with the image tokens (MMDiT)
-    decode_chunk_frames: int  # frames the VAE decodes at once (0: all)
-    lora_linears_per_block: float  # LoRA adapter width per block, in units of hidden (r x this x hidden)
-    # the VAE decoder's largest maps are at (height / this) x (width / this): LTX-2's decoder ends at a
-    # quarter of the pixel grid (128 channels) and unpatchifies 4 x 4 pixels from there
-    decode_stride: int = 1
-
-
-GEOMETRY = {
-    "sd3": Geometry(8, 1, (1, 2, 2), 16, True, 0, 16.0),  # 8 linears (to_q/k/v/out, add_*) of hidden -> hidden
-    "qwen_image": Geometry(8, 1, (1, 2, 2), 16, True, 0, 16.0),
-    # Wan: two attentions (self, cross) + the FFN's two linears (ffn = 2.7 x hidden)
-    "wan2_2": Geometry(8, 4, (1, 2, 2), 16, False, 4, 16.0 + 2 * (1 + 2.7)),
-    "ltx": Geometry(32, 8, (1, 1, 1), 128, False, 0, 16.0),
-    "cosmos3": Geometry(8, 4, (1, 2, 2), 16, False, 4, 8.0),
-    # LTX-2: the video tokens counted (the audio stream, ~26 tokens a second at half the width, adds
-    # about 1-2 % at the recipes' sizes); attention LoRA on its six attentions: two video-wide
-    # (self, text), two audio-wide (half), the audio-video pair (between) -> 2 x 8 + 2 x 4 + 2 x 6
-    "ltx2": Geometry(32, 8, (1, 1, 1), 128, False, 0, 36.0, decode_stride=4),
-}
-
 
 class MemoryPlanError(ValueError):
     """An estimate over a role's budget; the message names role, estimate, budget and fixes."""
 
-
-@dataclass
-class ComponentFacts:
-    params: int
-    blocks: int | None = None
-    hidden: int | None = None
-
-
-@dataclass
-class ModelFacts:
-    source: str  # "checkpoint on disk" or "committed table (<key>)"
-    components: dict[str, ComponentFacts]
 
 
 @dataclass
@@ -164,6 +121,7 @@ class MemoryPlan:
     budget_gib: float | None = None
     gpu_memory_gb: float | None = None
     available: bool = True
+    host: HostPlan | None = None  # each node's host memory (miles.utils.host_plan)
 
     def table(self) -> str:
         return "\n".join(self.lines)
@@ -176,6 +134,7 @@ class MemoryPlan:
     def check(self) -> None:
         over = self.over_budget()
         if not over:
+            self._check_host()
             return
         g = over[0]
         roles = " + ".join(f"{r.role} {r.total / GIB:.1f} GiB" for r in g.roles)
@@ -183,6 +142,14 @@ class MemoryPlan:
             f"memory plan: each {g.name} needs an estimated {g.total / GIB:.1f} GiB ({roles}), over its budget of "
             f"{self.budget_gib:.1f} GiB (--gpu-memory-gb {self.gpu_memory_gb:g} minus {HEADROOM_FRACTION:.0%} "
             f"headroom); what would help: {'; '.join(g.knobs) or 'a GPU with more memory'}")
+
+    def _check_host(self) -> None:
+        if self.host is None:
+            return
+        try:
+            self.host.check()
+        except HostPlanError as err:
+            raise MemoryPlanError(str(err)) from err
 
 
 # -- GPU memory -----------------------------------------------------------------------------------
@@ -208,107 +175,12 @@ def gpu_memory_gb(ns: Namespace) -> float:
     return nvml_gpu_memory_gb() or DEFAULT_GPU_MEMORY_GB
 
 
-# -- facts about the checkpoint --------------------------------------------------------------------
-
-def safetensors_params(path: Path) -> int:
-    """Parameter count from a .safetensors file's header alone (8-byte length + JSON)."""
-    with open(path, "rb") as fh:
-        (length,) = struct.unpack("<Q", fh.read(8))
-        header = json.loads(fh.read(length))
-    return sum(math.prod(t["shape"]) for name, t in header.items() if name != "__metadata__")
-
-
-def read_checkpoint(path: str | os.PathLike) -> ModelFacts | None:
-    """Facts from a diffusers-layout checkpoint on disk (headers and configs only), or None."""
-    root = Path(path)
-    if not root.is_dir():
-        return None
-    components = {}
-    for sub in sorted(p for p in root.iterdir() if p.is_dir()):
-        files = sorted(sub.glob("*.safetensors"))
-        if not files:
-            continue
-        facts = ComponentFacts(sum(safetensors_params(f) for f in files))
-        config_path = sub / "config.json"
-        if sub.name.startswith("transformer") and config_path.is_file():
-            cfg = json.loads(config_path.read_text())
-            heads, head_dim = cfg.get("num_attention_heads"), cfg.get("attention_head_dim")
-            facts.hidden = heads * head_dim if heads and head_dim else cfg.get("dim")
-            facts.blocks = cfg.get("num_layers")
-        components[sub.name] = facts
-    if not components:
-        return None
-    return ModelFacts("checkpoint on disk", components)
-
-
-def _hub_repo_name(path: str) -> str | None:
-    """`.../models--org--name/snapshots/<revision>` (the Hugging Face cache) -> `name`."""
-    parts = Path(path.rstrip("/")).parts
-    if len(parts) >= 3 and parts[-2] == "snapshots" and parts[-3].startswith("models--"):
-        return parts[-3].split("--")[-1]
-    return None
-
-
-def _table_key(path: str) -> str | None:
-    from miles.utils.model_table import load_table
-
-    name = _hub_repo_name(path) or Path(path.rstrip("/")).name
-    table = load_table()
-    if name in table:
-        return name
-    for key in table:  # our own checkpoints: miles-<family>-<size>-seed<N>
-        if key.startswith("miles-") and name.startswith(key + "-seed"):
-            return key
-    return None
-
-
-def model_facts(path: str | None) -> ModelFacts | None:
-    if not path:
-        return None
-    found = read_checkpoint(path)
-    if found is not None:
-        return found
-    key = _table_key(path)
-    if key is None:
-        return None
-    from miles.utils.model_table import load_table
-
-    comps = {name: ComponentFacts(c["params"], c.get("blocks"), c.get("hidden"))
-             for name, c in load_table()[key]["components"].items()}
-    return ModelFacts(f"committed table ({key})", comps)
-
-
 # -- the estimate -----------------------------------------------------------------------------------
-
-def _tokens(ns: Namespace, geo: Geometry, text_tokens: int) -> tuple[int, int]:
-    """(image tokens per forward sample, text tokens in the blocks)."""
-    t, h, w = geo.patch
-    frames = (ns.diffusion_output_num_frames - 1) // geo.temporal + 1
-    image = (math.ceil(frames / t) * (ns.diffusion_height // geo.spatial // h)
-             * (ns.diffusion_width // geo.spatial // w))
-    return image, text_tokens if geo.joint_text else 0
-
-
-def _text_tokens(ns: Namespace) -> int:
-    defaults = {"sd3": 77 + 256, "qwen_image": 512, "wan2_2": 512, "ltx": 128, "cosmos3": 512, "ltx2": 1024}
-    return ns.diffusion_max_sequence_length or defaults[ns.diffusion_model_family]
 
 
 def _pairs_per_forward(ns: Namespace, plan) -> int:
     return plan.pairs_per_forward  # the flags, or the rollout tile they default to
 
-
-# families whose pipeline (and engine) guides in one call on [negative; prompt] (FamilyModule.cfg_in_one_call)
-CFG_IN_ONE_CALL = ("sd3", "ltx", "ltx2")
-
-
-def _guided(ns: Namespace) -> bool:
-    from miles.utils.families import get_family_facts
-
-    if ns.loss_type == "sft_loss":  # SFT forwards run unguided (miles/backends/sft.py)
-        return False
-    scales = [ns.diffusion_guidance_scale, ns.diffusion_guidance_scale_2 or 0.0]
-    return get_family_facts(ns.diffusion_model_family).guided and max(scales) > 1.0
 
 
 def _sharding_factor(ns: Namespace) -> int:
@@ -357,15 +229,6 @@ def _train_rank(ns: Namespace, plan, facts: ModelFacts, geo: Geometry) -> tuple[
                         activations=act_bytes + grads, synced=t_params * (c if copy else p))
     return role, _train_knobs(ns, plan, trained, copy)
 
-
-def _trained(ns: Namespace, facts: ModelFacts) -> list[str]:
-    transformers = [n for n in facts.components if n.startswith("transformer")]
-    return [n for n in (ns.update_weight_target_module or transformers) if n in facts.components]
-
-
-def _lora_params(ns: Namespace, facts: ModelFacts, geo: Geometry, trained: list[str]) -> int:
-    comps = facts.components
-    return sum(int(ns.lora_rank * geo.lora_linears_per_block * comps[n].hidden) * comps[n].blocks for n in trained)
 
 
 def _sharded_train_rank(ns: Namespace, plan, facts: ModelFacts, geo: Geometry) -> tuple[RoleEstimate, list[str]]:
@@ -558,7 +421,9 @@ def build_memory_plan(ns: Namespace, plan) -> MemoryPlan:
     else:
         lines.append(f"  train ranks {layout.train}, sharding factor 1 (data-parallel backend: every rank holds the "
                      f"whole model)")  # the dry snapshots hold this line: keep its words
-    return MemoryPlan(lines, gpus, budget, gpu_gb)
+    host = build_host_plan(ns, plan, facts, train, engine)
+    lines += host.lines() + eval_lines(ns, plan, facts)
+    return MemoryPlan(lines, gpus, budget, gpu_gb, host=host)
 
 
 def offload_phases(ns: Namespace, train: RoleEstimate, engine: RoleEstimate) -> dict[str, float]:
@@ -604,13 +469,12 @@ RESUME = "checkpoint load"
 @dataclass
 class PhasePlan:
     """Bytes each GPU holds in each phase (allocations; the CUDA context is `processes` x
-    CUDA_CONTEXT_GIB on top), and the most host memory one node's train ranks and engines hold.
-    Checked against the replay of the real code (miles.replay, docs/memory-plan.md)."""
+    CUDA_CONTEXT_GIB on top), and each node's host memory in each phase (`host`). Checked against
+    the replay of the real code (miles.replay, docs/memory-plan.md)."""
 
     gpus: dict[str, dict[str, float]]
     processes: dict[str, int]
-    host_per_node: float
-    host_phases: dict[str, float]
+    host: HostPlan
     budget_gib: float
     gpu_memory_gb: float
 
@@ -631,8 +495,7 @@ def phase_plan(ns: Namespace, plan) -> PhasePlan | None:
       setup W | train, checkpoint save (offloaded after sampling and after an update: nothing,
       else W) | weight push W + one bucket | rollout W + working set
     reward workers: their scorers, every phase.
-    Host per node: its train ranks (offloaded state, the rollout batch shard, a data-parallel
-    checkpoint's host copies on rank 0) and engines (offloaded weights, trajectories)."""
+    Host memory per node and phase: miles.utils.host_plan (the plan's `host`)."""
     memory = build_memory_plan(ns, plan)
     if not memory.available or not memory.gpus:
         return None
@@ -661,8 +524,7 @@ def phase_plan(ns: Namespace, plan) -> PhasePlan | None:
             count += role.count_per_gpu
         gpus[g.name] = phases
         processes[g.name] = count
-    host = _host_phases(ns, plan, facts, geo, train, engine)
-    return PhasePlan(gpus, processes, max(host.values()), host, memory.budget_gib, memory.gpu_memory_gb)
+    return PhasePlan(gpus, processes, memory.host, memory.budget_gib, memory.gpu_memory_gb)
 
 
 def _bucket(ns: Namespace, synced_bytes: float) -> float:
@@ -691,54 +553,3 @@ def _engine_phases(ns: Namespace, engine: RoleEstimate, train: RoleEstimate) -> 
     offloaded = getattr(ns, "offload_rollout", False)  # off the GPU after sampling and after each update
     return {"setup": w, "train": 0.0 if offloaded else w, "weight push": w + _bucket(ns, wire),
             "checkpoint save": 0.0 if offloaded else w, "rollout": w + working, RESUME: w}
-
-
-def _per_sample_bytes(ns: Namespace, plan, facts: ModelFacts, geo: Geometry) -> float:
-    """One trajectory as the rollout ships it: latents of every step and the stored model outputs
-    (debug mode) in fp32, the conditioning in the rollout dtype, the decoded sample in fp32."""
-    image, text = _tokens(ns, geo, _text_tokens(ns))
-    latent = image * geo.latent_channels * math.prod(geo.patch)
-    steps = ns.diffusion_num_steps
-    stored = (steps + 1 + (steps if ns.diffusion_debug_mode else 0)) * latent * 4
-    frames = ns.diffusion_output_num_frames
-    pixels = 3 * ns.diffusion_height * ns.diffusion_width * max(1, frames) * 4
-    return stored + pixels
-
-
-def engines_per_node(ns: Namespace) -> int:
-    """Engines on the first node: one per train GPU when colocated, else the rollout GPUs there."""
-    from miles.utils.validation import rollout_gpus
-
-    ranks = ns.actor_num_gpus_per_node
-    return ranks if ns.colocate else max(0, min(ns.num_gpus_per_node - ranks, rollout_gpus(ns)))
-
-
-def _host_phases(ns: Namespace, plan, facts: ModelFacts, geo: Geometry, train: RoleEstimate,
-                 engine: RoleEstimate | None) -> dict[str, float]:
-    """One node's host memory per phase: its train ranks and engines (see phase_plan)."""
-    ranks = ns.actor_num_gpus_per_node
-    engines = 0 if engine is None else engines_per_node(ns)
-    offload_train, offload_rollout = getattr(ns, "offload_train", False), getattr(ns, "offload_rollout", False)
-    m, o, synced = train.models, train.optimizer_state, train.synced
-    offloaded = m + o if offload_train else 0.0
-    w = engine.models if engine is not None else 0.0
-    shard = 0.0
-    if ns.loss_type != "sft_loss":
-        samples = plan.samples_per_rollout // max(1, plan.dp_size)
-        shard = samples * _per_sample_bytes(ns, plan, facts, geo)
-    save = 0.0
-    if getattr(ns, "train_backend", "dp") != "fsdp":
-        # rank 0's safetensors, one component's file at a time: host copies, then their bytes
-        trained = _trained(ns, facts)
-        per_component = [(_lora_params(ns, facts, geo, [n]) if ns.use_lora else facts.components[n].params)
-                         for n in trained]
-        save = 2 * max(per_component) * DTYPE_BYTES[ns.param_dtype]
-    engine_host = {"setup": 0.0, "train": w if offload_rollout else 0.0, "weight push": 0.0,
-                   "checkpoint save": w if offload_rollout else 0.0,
-                   "rollout": (w if offload_rollout else 0.0) + (engine.trajectories if engine is not None else 0.0)}
-    rank_host = {"setup": m if offload_train else 0.0, "train": shard,
-                 "weight push": offloaded - (synced if offload_train else 0.0), "checkpoint save": 0.0,
-                 "rollout": offloaded}
-    out = {phase: ranks * rank_host[phase] + engines * engine_host[phase] for phase in PHASES}
-    out["checkpoint save"] += save
-    return out

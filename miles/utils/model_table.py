@@ -58,10 +58,19 @@ RELEASED: dict[str, dict[str, Any]] = {
             "patch_size": 2, "in_channels": 64, "out_channels": 16, "num_layers": 60, "attention_head_dim": 128,
             "num_attention_heads": 24, "joint_attention_dim": 3584, "guidance_embeds": False,
             "axes_dims_rope": [16, 56, 56]}),
-        # Qwen2.5-VL-7B's language model (the vision tower is not counted: the pipeline encodes text only)
-        "text_encoder": _c("transformers", "Qwen2Model", {
-            "hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 28, "num_attention_heads": 28,
-            "num_key_value_heads": 4, "vocab_size": 152064}, "Qwen2Config"),
+        # Qwen2.5-VL-7B-Instruct whole, as QwenImagePipeline loads it (model_index.json names
+        # Qwen2_5_VLForConditionalGeneration): its vision tower and LM head too, though the pipeline
+        # encodes text only (8.29 B; the language model alone is 7.07 B). Text and vision configs from
+        # Qwen2.5-VL-7B-Instruct's config.json (untied embeddings)
+        "text_encoder": _c("transformers", "Qwen2_5_VLForConditionalGeneration", {
+            "text_config": {"hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 28,
+                            "num_attention_heads": 28, "num_key_value_heads": 4, "vocab_size": 152064,
+                            "tie_word_embeddings": False},
+            "vision_config": {"depth": 32, "hidden_size": 1280, "intermediate_size": 3420, "num_heads": 16,
+                              "out_hidden_size": 3584, "patch_size": 14, "spatial_merge_size": 2,
+                              "temporal_patch_size": 2, "window_size": 112, "fullatt_block_indexes": [7, 15, 23, 31],
+                              "in_chans": 3},
+            "tie_word_embeddings": False}, "Qwen2_5_VLConfig"),
         "vae": _c("diffusers", "AutoencoderKLQwenImage", {"base_dim": 96, "z_dim": 16}),
     }),
     "stable-diffusion-3.5-medium": _checkpoint("sd3", {

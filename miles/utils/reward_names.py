@@ -13,6 +13,9 @@ BUILTIN_REWARDS: dict[str, str] = {
     "ocr": "miles.rollout.rm_hub.ocr:ocr_reward",
     "pickscore": "miles.rollout.rm_hub.pickscore:pickscore_reward",
 }
+# the rewards that read a video's frames as 8-bit pixels, and how many of its frames (first and last
+# included, evenly spread): the engines send them only those (miles.rollout.rm_hub.wire)
+EIGHT_BIT_FRAMES: dict[str, int] = {"pickscore": 4, "ocr": 4}
 CUSTOM = "custom"  # `rm_type` value that selects --custom-rm-path explicitly
 CUSTOM_CONTRACT = ("`async def rm(args, samples: list[RewardSample]) -> list[float]` (one score per sample; "
                    "sample.prompt, sample.image [3,H,W] or [F,3,H,W] in [0,1], sample.metadata; "

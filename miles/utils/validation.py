@@ -206,6 +206,9 @@ def _gpu_memory(ns: Namespace, family: FamilyFacts) -> None:
     if getattr(ns, "gpu_memory_gb", None) is not None and ns.device == "cpu":
         raise ConfigError(f"--gpu-memory-gb {ns.gpu_memory_gb:g} with --device cpu: a CPU run has no GPU memory "
                           f"budget to check; fix: drop --gpu-memory-gb")
+    if getattr(ns, "host_memory_gb", None) is not None and ns.device == "cpu":
+        raise ConfigError(f"--host-memory-gb {ns.host_memory_gb:g} with --device cpu: the host plan covers GPU runs "
+                          f"only; fix: drop --host-memory-gb")
 
 
 def _dtypes(ns: Namespace, family: FamilyFacts) -> None:

@@ -45,11 +45,15 @@ def rollout_batch_args(prompt_data: str, scale: RolloutScale, num_rollout: Optio
                              scale.n_samples_per_prompt, **kwargs)
 
 
-def eval_args(eval_prompt_data: str, eval_interval: Optional[int]) -> str:
-    """Eval on the eval prompts every eval_interval rollouts; "" when the scale does not evaluate."""
+def eval_args(eval_prompt_data: str, eval_interval: Optional[int], num_prompts: Optional[int] = None,
+              before_train: bool = True) -> str:
+    """Eval on the eval prompts (the first num_prompts; None: all) every eval_interval rollouts, and
+    of the initial weights unless before_train is False; "" when the scale does not evaluate."""
     if not eval_interval:
         return ""
-    return f"--eval-interval {eval_interval} --eval-prompt-data {eval_prompt_data} "
+    prompts = f"--eval-num-prompts {num_prompts} " if num_prompts else ""
+    skip = "" if before_train else "--skip-eval-before-train "
+    return f"--eval-interval {eval_interval} --eval-prompt-data {eval_prompt_data} {prompts}{skip}"
 
 
 def flow_grpo_args(clip_range: str = "1e-4", steps_per_rollout: int = 2) -> str:

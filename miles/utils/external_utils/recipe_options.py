@@ -81,6 +81,11 @@ class RolloutScale(Scale):
     rm_num_workers: int
     num_prompts: int  # size of the generated prompt file
     eval_interval: Optional[int] = None  # None: no eval
+    # prompts of the held-out set each eval samples (None: all of them). The eval samples one video
+    # or image per prompt with the rollout engines; miles-diffusion's own recipes evaluate every 30
+    # or 100 rollouts, and the plan prints what an eval of this size costs
+    eval_prompts: Optional[int] = None
+    eval_before_train: bool = False  # also evaluate the initial weights (miles-diffusion's recipes skip it)
     # GPUs the reward workers share equally: GPUs of their own, or with colocate_reward a share of the
     # train GPUs beside the engines; 0: the workers are CPU actors
     reward_gpus: float = 0

@@ -113,7 +113,8 @@ def colocated_job(
     return TrainJob(
         recipe, config, scale.ray_gpus(gpus_per_node),
         ckpt_args=ckpt_args(family, assets.checkpoint, config, scale.save_interval),
-        eval_args=eval_args(assets.eval_prompt_data, scale.eval_interval),
+        eval_args=eval_args(assets.eval_prompt_data, scale.eval_interval, scale.eval_prompts,
+                            scale.eval_before_train),
         reward_args=pickscore_args(assets.pickscore, scale) if assets.pickscore else "",
         engine_args=engine_args(train_nodes * train_gpus),
         train_backend_args=train_backend_args(scale.dtype, sharded=scale.sharded),

@@ -40,6 +40,7 @@ def test_sampling_flags_reach_the_engine():
 def test_algorithm_flags_reach_the_loss_and_the_advantages(monkeypatch):
     import miles.ray.rollout_manager as rm
     from miles.backends import loss
+    from miles.rollout.types import StoredSample
 
     seen = {}
 
@@ -51,14 +52,11 @@ def test_algorithm_flags_reach_the_loss_and_the_advantages(monkeypatch):
     args = args_with("--diffusion-adv-clip-max 2.0 --globalize-reward-mean --globalize-reward-std "
                      "--advantage-estimator grpo --n-samples-per-prompt 2 --rollout-batch-size 1")
     manager = rm.RolloutManager.__new__(rm.RolloutManager)
-    manager.args = args
+    manager.args, manager.train_plan = args, None
     manager.dataset = type("D", (), {"next_batch": lambda self, n: [type("I", (), {"prompt": "p", "metadata": {}})()]})()
-    manager._sample = lambda requests, steps, debug: [
-        type("T", (), {"prompt": "p", "image": torch.zeros(1), "metadata": {}, "reward": None})() for _ in requests]
-    manager._score = lambda trajectories: [0.0, 1.0]
-    import miles.ray.rollout_manager as module
-
-    monkeypatch.setattr(module, "without_images", lambda t: t)
+    manager._sample = lambda requests, steps, evaluation, train: [
+        StoredSample(r.group_index, r.sample_index, reward_input=None, num_steps=4) for r in requests]
+    manager.rewards = type("R", (), {"score_stored": lambda self, refs: [0.0, 1.0]})()
     manager.generate(0)
     assert seen == {"globalize_mean": True, "globalize_std": True, "adv_clip_max": 2.0, "estimator": "grpo"}
     assert loss.ADVANTAGE_ESTIMATORS == ("grpo",)

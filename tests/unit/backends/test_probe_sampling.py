@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 
 from dtype_helpers import engine_for, one_rollout, tiny_args
+from rollout_helpers import as_a_rank_gets_it
 from miles.backends.actor import probe_limit, probed_extra_micro_batches
+from miles.backends.rollout_shard import probed_outputs
 from miles.utils.batching import rank_schedule
 from miles.utils.batch_rules import ConfigError
 
@@ -32,13 +34,19 @@ def test_sampling_one_micro_batch_saves_the_other_probe_forwards_and_changes_no_
     sampled_args, _ = tiny_args(tmp_path / "one", f"{ONE_PAIR} --diffusion-debug-probe-micro-batches 1")
     batch = one_rollout(args, 0, engine_for(args))  # the flag changes nothing the engines do
     later = len(probed_extra_micro_batches(rank_schedule(plan, batch.trained_steps, 0), 0))
-    every_calls, every = _forwards_and_metrics(args, plan, batch)
-    one_calls, sampled = _forwards_and_metrics(sampled_args, plan, batch)
+    # each run gets only the model outputs its probe compares, as the engines keep them in a run:
+    # a probe wanting one they did not keep stops the step
+    every_calls, every = _forwards_and_metrics(args, plan, as_a_rank_gets_it(args, plan, batch))
+    one_calls, sampled = _forwards_and_metrics(sampled_args, plan, as_a_rank_gets_it(sampled_args, plan, batch))
     # one micro-batch per rollout: the first step's first, on its training forward; no extra forward
     assert later >= 2 and every_calls - one_calls == later
     assert sampled["train/model_output_max_abs_diff"] == 0.0 and sampled["train/log_prob_abs_diff"] == 0.0
     # the probe's forwards are no-grad on the weights before the step: training is the same
     assert sampled["train/loss"] == every["train/loss"] and sampled["train/grad_norm"] == every["train/grad_norm"]
+    # the engines kept one pair's model output for the sampled probe, every trained pair's for the other
+    first = rank_schedule(plan, batch.trained_steps, 0)[0][0]
+    assert probed_outputs(sampled_args, plan, batch.trained_steps) == {p.sample: (p.step,) for p in first}
+    assert sum(map(len, probed_outputs(args, plan, batch.trained_steps).values())) == plan.train_pairs
 
 
 def test_the_limit_counts_the_first_steps_micro_batches_before_any_extra_forward():

@@ -31,6 +31,13 @@ def test_every_phase_fits_its_budget_and_agrees_with_the_memory_plan(recipe, sca
     report.check()  # a phase over its budget or off the plan, named, before the table's staleness
     assert rows_of(committed_rows(), recipe, scale) == report.table_rows(), (
         "docs/memory-plan.md's replay table is stale: regenerate it with python3 -m miles.replay.doc_table --write")
+    if report.pinned:  # offload: exact arenas, each smaller than torch's power-of-two pinned blocks would be
+        assert all(0 < arena <= rounded for arena, rounded in report.pinned.values() if arena), report.pinned
+    if (Path(recipe).stem, scale) == ("run_diffusion_grpo_wan22_pickscore_17gpu_multinode", "full"):
+        # the arenas are what lets a train node fit: with the rounding its 8 GPUs' offloads would not
+        node0 = next(r for r in report.rows if r.place == "node 0")
+        rounding = 8 * sum(rounded - arena for arena, rounded in report.pinned.values())
+        assert node0.fits and node0.measured + rounding > node0.budget
 
 
 def test_the_committed_table_has_a_row_for_every_case_and_no_other():

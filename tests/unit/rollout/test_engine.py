@@ -1,5 +1,7 @@
+import dataclasses
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 
@@ -63,18 +65,36 @@ def test_cpu_engines_ask_ray_for_a_fraction_of_a_cpu_and_gpu_engines_for_their_g
     assert engine_actor_options(_args(checkpoint(), device="cuda", rollout_num_gpus_per_engine=2))["num_gpus"] == 2
 
 
-def test_ray_actor_engine_returns_the_same_trajectories_as_a_local_engine(checkpoint, local_ray):
+def test_ray_actor_engine_returns_the_same_trajectories_as_a_local_engine_and_stores_what_a_run_reads(
+        checkpoint, local_ray):
     ray = local_ray
     actor = create_engine_actor(_args(checkpoint()), num_threads=1)
+    asked = [dataclasses.replace(r, output_steps=(1,) if r.sample_index else (), reward_frames=4, thumbnail=True)
+             for r in _requests()]
     try:
         assert ray.get(actor.ready.remote()) == "sd3"
         remote = ray.get(actor.generate.remote(_requests(), [0, 1], True))
+        stored = ray.get(actor.generate_to_store.remote(asked, [0, 1]))
+        kept = ray.get([s.trajectory for s in stored])
+        conds = ray.get([s.cond for s in stored])
+        rewarded = ray.get([s.reward_input for s in stored])
     finally:
         ray.kill(actor)
     local = RolloutEngine(checkpoint(), SamplingParams.from_args(_args(checkpoint())), num_threads=1).generate(_requests(), [0, 1], True)
     for r, l in zip(remote, local):
         assert torch.equal(r.latents, l.latents) and torch.equal(r.log_probs, l.log_probs)
         assert torch.equal(r.model_outputs, l.model_outputs) and r.prompt == l.prompt
+    # in a run the engine keeps each sample's trained steps (0, 1: latents 0..2) and the final latent,
+    # the model outputs asked for, the group's conditioning once, and 8-bit pixels for the reward
+    for request, s, t, cond, reward, l in zip(asked, stored, kept, conds, rewarded, local):
+        assert t.latent_steps == [0, 1, 2, 3] and t.image is None and t.cond is None
+        assert all(torch.equal(t.latent(k), l.latents[k]) for k in t.latent_steps)
+        assert t.output_steps == (None if not request.output_steps else [1])
+        assert request.output_steps == () or torch.equal(t.model_output(1), l.model_outputs[1])
+        assert torch.equal(cond.positive["encoder_hidden_states"], l.cond.positive["encoder_hidden_states"])
+        assert reward.image.dtype == np.uint8 and reward.image.shape == (3, 32, 32)
+        assert s.thumbnail.dtype == np.uint8 and s.thumbnail.shape == (3, 32, 32) and s.num_steps == 3
+    assert len({s.cond for s in stored}) == 1  # one prompt group: its conditioning stored once
 
 
 def test_eval_samples_take_diffusion_eval_num_steps_and_training_samples_keep_num_steps(checkpoint):

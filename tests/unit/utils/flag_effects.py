@@ -59,6 +59,7 @@ FLAG_TESTS = {
     "--sequence-parallel-size": f"{R}::test_sequence_parallel_size_other_than_1_is_refused",
     "--device": f"{POOL}::test_workers_of_a_cpu_job_ask_for_no_gpu_whatever_the_gpu_share",
     "--gpu-memory-gb": f"{MEM}::test_gpu_memory_gb_decides_the_verdict",
+    "--host-memory-gb": "tests/unit/utils/test_host_plan.py::test_host_memory_gb_decides_the_verdict",
     "--train-backend": f"{FSDP}::test_two_sharded_ranks_match_one_rank_keep_parity_exact_offload_and_resume_bit_exact",
     "--offload-train": f"{FSDP}::test_two_sharded_ranks_match_one_rank_keep_parity_exact_offload_and_resume_bit_exact",
     "--offload-rollout": f"{FSDP}::test_two_sharded_ranks_match_one_rank_keep_parity_exact_offload_and_resume_bit_exact",

@@ -21,7 +21,7 @@ class _Scale(U.ColocatedScale):
 
 FULL = _Scale(U.FULL_SCALE, train_ranks=4, num_steps=10, rollout_batch_size=8, n_samples_per_prompt=4,
               rm_num_workers=4, reward_gpus=1, num_prompts=100, num_rollout=300, eval_interval=10,
-              save_interval=20, sharded=True)
+              eval_prompts=64, save_interval=20, sharded=True)
 CPU = _Scale(U.CPU_PROXY, train_ranks=2, num_steps=6, rollout_batch_size=2, n_samples_per_prompt=4,
              rm_num_workers=1, num_prompts=16, num_rollout=2)
 ASSETS = U.Assets("/m/ckpt", "/d/p.jsonl", "/d/eval.jsonl", "/m/PickScore_v1")
@@ -70,7 +70,12 @@ def test_wandb_flags_come_last_named_after_the_recipe_file_and_never_carry_the_k
 def test_colocated_job_shares_what_every_colocated_pickscore_recipe_writes(config):
     job = U.colocated_job("run_x.py", config, ASSETS, "sd3", FULL, 80)
     assert job.ckpt_args == U.ckpt_args("sd3", "/m/ckpt", config, 20)
-    assert job.eval_args == "--eval-interval 10 --eval-prompt-data /d/eval.jsonl "
+    # the scale's eval size, and none before training (miles-diffusion's recipes skip it)
+    assert job.eval_args == ("--eval-interval 10 --eval-prompt-data /d/eval.jsonl --eval-num-prompts 64 "
+                             "--skip-eval-before-train ")
+    before = dataclasses.replace(FULL, eval_prompts=None, eval_before_train=True)
+    assert U.colocated_job("scripts/run_x.py", config, ASSETS, "sd3", before, 80).eval_args == (
+        "--eval-interval 10 --eval-prompt-data /d/eval.jsonl ")
     assert job.reward_args == U.pickscore_args("/m/PickScore_v1", FULL)
     assert job.engine_args == U.engine_args(4)
     assert job.train_backend_args == U.train_backend_args("bfloat16", sharded=True)
