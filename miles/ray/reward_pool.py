@@ -24,15 +24,16 @@ from miles.utils.debug_faults import fire
 # those frames, already rounded to uint8 exactly as `frame_to_pil` rounds them, so their scores
 # are unchanged and a video crosses as F x 1 byte instead of F x 4 bytes per value. Every other
 # reward (the pixel statistics of `cheap`, a custom one) is sent every frame in float32.
-EIGHT_BIT_FRAMES = {"pickscore": pickscore.VIDEO_FRAMES, "ocr": ocr.VIDEO_FRAMES}
+EIGHT_BIT_FRAMES = {"pickscore": pickscore.frames_scored, "ocr": lambda args: ocr.VIDEO_FRAMES}
 
 
 def wire_sample(args: Any, sample: RewardSample) -> RewardSample:
     """What a reward worker is sent for `sample`."""
     try:
-        count = EIGHT_BIT_FRAMES.get(reward_name(args, sample.metadata or {}))
+        frames_of = EIGHT_BIT_FRAMES.get(reward_name(args, sample.metadata or {}))
     except RewardError:  # the worker names the sample and the reason
-        count = None
+        frames_of = None
+    count = frames_of(args) if frames_of is not None else None
     if count is None:
         return sample.to_wire()
     pixels = np.round(pick_frames(sample.frames(), count) * 255.0).astype(np.uint8)

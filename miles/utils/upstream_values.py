@@ -111,6 +111,10 @@ def add_upstream_aliases(alias: Callable[..., None]) -> None:
     alias("--sglang-dit-precision", ("rollout_dtype",), convert=dtype_word, metavar="fp16|bf16|fp32",
           help="the engines' transformer dtype: --rollout-dtype")
     alias("--lr-warmup-iters", ("lr_warmup_steps",), type=positive_int, metavar="N", help="--lr-warmup-steps")
+    alias("--wandb-team", ("wandb_entity",), metavar="ENTITY",
+          help="the wandb entity (team) the run goes to: $WANDB_ENTITY's place")
+    alias("--disable-wandb-random-suffix", ("wandb_random_suffix",), nargs=0, const=False,
+          help="wandb run names without a random suffix: here they never have one (--wandb-run-name as given)")
 
 
 def normalize_upstream_values(ns: argparse.Namespace) -> None:
