@@ -82,6 +82,7 @@ def check_before_fetch(argv: list[str], config: ExecuteTrainConfig, num_gpus_per
     from miles.utils.external_utils.multinode import LoopbackHeadError, check_head_address
     from miles.utils.external_utils.train_launch import LaunchError
 
+    _refuse_foreign_checkpoint(argv)
     ns, _ = parse_train_argv(argv)
     try:
         preflight.check_checkpoints(ns, None)
@@ -96,6 +97,18 @@ def check_before_fetch(argv: list[str], config: ExecuteTrainConfig, num_gpus_per
         raise LaunchError(str(err)) from None
     if config.num_nodes == 1:
         _check_layout_fits_this_machine(ns, num_gpus_per_node, config.cuda_visible_devices)
+
+
+def _refuse_foreign_checkpoint(argv: list[str]) -> None:
+    from miles.utils.external_utils.flags import flag_values
+    from miles.utils.external_utils.released_assets import foreign_checkpoint
+    from miles.utils.external_utils.train_launch import LaunchError
+
+    value = flag_values(argv).get("--hf-checkpoint", "")
+    why = foreign_checkpoint(value) if value else None
+    if why:
+        raise LaunchError(f"--hf-checkpoint {value}: {why}; nothing was fetched; fix: a checkpoint of one of this "
+                          f"project's families (python3 train_diffusion.py --help lists them)")
 
 
 def _check_layout_fits_this_machine(ns, num_gpus_per_node: int, cuda_visible_devices: str) -> None:

@@ -92,6 +92,26 @@ RELEASED_CHECKPOINTS: dict[str, HubAsset] = {
     )
 }
 PICKSCORE = HubAsset("PickScore_v1", "yuvalkirstain/PickScore_v1", marker="config.json")
+# Hub checkpoints miles-diffusion's recipes train that no family here runs, and why: refused from
+# the hub id alone, before anything is fetched (the preflight would refuse them only once on disk)
+FOREIGN_CHECKPOINTS = {
+    "nvidia/Cosmos3-Nano": "a mixture-of-transformers (understanding and generation towers), not the "
+                           "CosmosTransformer3DModel the cosmos3 family runs (Cosmos-Predict2)",
+    "Lightricks/LTX-2.3": "one single-file checkpoint, not a diffusers layout; its diffusers conversion "
+                          "diffusers/LTX-2.3-Diffusers is what the ltx2 family runs",
+    "MiniMaxAI/MiniMax-H3": "MiniMax-H3, which no family of this project runs",
+    "krea/Krea-2-Raw": "Krea 2, which no family of this project runs",
+    "Qwen/Qwen-Image-2.1": "Qwen-Image 2.1, which no family of this project runs (qwen_image runs Qwen/Qwen-Image)",
+    "Wan-AI/Wan2.2-TI2V-5B-Diffusers": "Wan2.2's TI2V-5B (one expert, image conditioning), which no family of this "
+                                       "project runs (wan2_2 runs the two-expert T2V-A14B)",
+}
+
+
+def foreign_checkpoint(value: str) -> str | None:
+    """Why a hub id given to --hf-checkpoint cannot run here, or None."""
+    return FOREIGN_CHECKPOINTS.get(value.partition("@")[0])
+
+
 # Repositories whose files the Hub serves only to an account that accepted their licence, with its token
 GATED_REPOS = ("stabilityai/stable-diffusion-3.5-medium", "stabilityai/stable-diffusion-3.5-large")
 TOKEN_ENV = "HF_TOKEN"
