@@ -9,11 +9,14 @@ those checks pass; a dry run fetches nothing either way and only prints the comm
 
 from __future__ import annotations
 
+import atexit
+import sys
 from collections.abc import Callable
 
 from miles.utils.external_utils.launch_mode import is_dry_run
 
 _PENDING: list[tuple[str, Callable[[], object]]] = []
+_LAUNCHED: list[bool] = []  # a launch took the queue over (it runs it, or was refused before it)
 
 
 def deferring() -> bool:
@@ -22,7 +25,28 @@ def deferring() -> bool:
 
 
 def defer(what: str, fetch: Callable[[], object]) -> None:
+    if not _PENDING:
+        atexit.register(_fetch_if_nothing_launched)
     _PENDING.append((what, fetch))
+
+
+def launching() -> None:
+    """Called by execute_train: the queue is its to run, after its checks (or never, if refused)."""
+    _LAUNCHED.append(True)
+
+
+def _fetch_if_nothing_launched() -> None:
+    """A prepare step of its own (`python3 run_x.py prepare-data`) launches nothing: its fetches
+    still run, as the process ends."""
+    if _LAUNCHED or not _PENDING:
+        return
+    from miles.utils.external_utils.released_assets import AssetMissingError
+
+    try:
+        run_deferred()
+    except AssetMissingError as err:
+        print(f"error: {err}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
 
 
 def pending() -> list[str]:

@@ -70,7 +70,7 @@ from miles.utils.external_utils.ray_cluster import (
     visible_gpus,
     wait_for_cluster_resources,
 )
-from miles.utils.external_utils.deferred_fetches import run_deferred
+from miles.utils.external_utils.deferred_fetches import launching, run_deferred
 from miles.utils.external_utils.launch_checks import (
     TrainScriptError,
     check_before_fetch,
@@ -241,6 +241,7 @@ def _plan_launch(
     run_dir = str(Path(config.output_dir).resolve() / config.run_id)
     if getattr(config, "cuda_core_dump", False):  # --extra-env-vars still win
         extra_env = {**cuda_core_dump_env(run_dir), **extra_env}
+    launching()  # prepare()'s queued downloads are this launch's to run, once its checks pass
     script = resolve_train_script(train_script)
     vocabulary = translate(assemble_argv(run_dir, train_args, config.extra_args))  # miles-diffusion's flags
     if script.ours:

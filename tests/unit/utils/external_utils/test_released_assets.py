@@ -276,3 +276,15 @@ def test_a_folder_of_that_name_under_model_dir_is_the_users_own_and_is_not_refus
     (tmp_path / "LTX-2.3").mkdir()
     refuse_unrunnable_release("ltx", "LTX-2.3", tmp_path)  # left to the preflight, which reads its config
     refuse_unrunnable_release("wan2_2", "Wan2.2-T2V-A14B-Diffusers", tmp_path / "nowhere")
+
+
+def test_a_prepare_step_that_launches_nothing_still_fetches_as_it_ends(tmp_path):
+    """Deferred downloads wait for a launch's checks; a process that launches nothing runs them at exit."""
+    script = tmp_path / "prepare_only.py"
+    script.write_text(
+        "from miles.utils.external_utils.deferred_fetches import defer\n"
+        f"defer('a file', lambda: open({str(tmp_path / 'fetched')!r}, 'w').write('x'))\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MILES_SCRIPT_")}
+    result = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "fetched").read_text() == "x"
