@@ -171,6 +171,8 @@ def train(args: Namespace, plan: BatchPlan) -> int:
         if args.eval_interval and (rollout_id + 1) % args.eval_interval == 0:
             metrics.update(rollout.evaluate(rollout_id))
         metrics["perf/step_time"] = time.perf_counter() - began
+        logger.log_images(rollout_id, rollout.last_images, getattr(rollout, "last_captions", None),
+                          count=args.wandb_log_num_images, interval=args.wandb_log_image_interval)
         logger.log(rollout_id, metrics)
         log(progress.line(rollout_id, metrics, metrics["perf/step_time"]))
         last = rollout_id == end_id - 1

@@ -1,18 +1,25 @@
-"""DiffusionNFT with a PickScore reward on Stable Diffusion 3.5 Medium (full finetune, old policy).
+"""DiffusionNFT with a PickScore reward on Stable Diffusion 3.5 Medium (full finetune, old policy):
+DiffusionNFT's `sd3_pickscore` config (NVlabs/DiffusionNFT config/nft.py; docs/algorithms.md's table).
 
 What it trains:
     The whole SD3.5-Medium transformer with the DiffusionNFT objective (`--loss-type nft`).
-    Each sample's advantage becomes an optimality weight r in [0, 1]; the loss pulls an
-    implicit positive policy toward the good samples and pushes a negative one away from the
-    bad ones, on noised versions of the generated images. NFT needs no sampler log-probs, so
-    rollouts use the deterministic ODE sampler and the trained timesteps are drawn at random
-    (`epoch_global_random_choice`). Rollouts are sampled from DiffusionNFT's old policy
-    (`--ema-rollout-policy ema`), a ramped EMA of the trained weights, kept and checkpointed.
+    Each sample's advantage (reward minus its prompt's mean, over the batch-wide std: `global_std`)
+    becomes an optimality weight r in [0, 1]; the loss (beta 1.0) pulls an implicit positive policy
+    toward the good samples and pushes a negative one away from the bad ones, on noised versions
+    of the generated images. Sampling and training are CFG-free (guidance 1.0, as the reference
+    samples). NFT needs no sampler log-probs, so rollouts are deterministic, and every sample trains
+    the reference's timestep fraction of its steps (0.99 of 10: steps 0-8), one optimizer step per
+    rollout. Rollouts are sampled from DiffusionNFT's old policy (`--ema-rollout-policy ema`), a
+    ramped EMA of the trained weights (decay min(0.001 x step, 0.5)), kept and checkpointed.
     The reward is PickScore, a CLIP-style human-preference model.
-    Deliberate differences from train_nft_sd3.py: a full finetune (the reference trains LoRA, and
-    its KL to the LoRA base therefore does not apply: --diffusion-kl-beta is 0); no second,
-    evaluation-only EMA (the reference's decay-0.9 copy; it would not fit beside the old policy in
-    80 GB); the trained steps are shared by a rollout's samples (the reference shuffles per sample).
+    Deliberate differences from train_nft_sd3.py: the sampler is the deterministic Euler ODE, the
+    nearest of ours to the reference's second-order `dpm2` solver (both deterministic; dpm2 reaches
+    a slightly different image from the same noise in 10 steps); a full finetune (the reference
+    trains LoRA, and its KL to the LoRA base therefore does not apply: --diffusion-kl-beta is 0, and
+    the learning rate is 3e-5, not LoRA's 3e-4); no second, evaluation-only EMA (the reference's
+    decay-0.9 copy; it would not fit beside the old policy in 80 GB); 16 prompts x 8 samples per
+    rollout on 2 train GPUs, not 48 x 24 on 8; the trained steps are visited in the same order for
+    every sample (the reference shuffles them per sample; the gradient is their sum either way).
 
 Prerequisites:
     --scale full: `<model-dir>/stable-diffusion-3.5-medium` (diffusers layout) and
@@ -54,7 +61,7 @@ class _Scale(U.ColocatedScale):
     tile_samples: int  # micro-batch tile: samples x 1 timestep per forward
 
 
-_SCALES: dict[str, _Scale] = {  # num_steps: 2 of them, drawn at random, are trained per rollout
+_SCALES: dict[str, _Scale] = {  # num_steps: the first int(num_steps x 0.99) of them are trained
     "full": _Scale(
         U.FULL_SCALE, train_ranks=2, resolution=512, num_steps=10, rollout_batch_size=16, n_samples_per_prompt=8,
         # tile 4: the engines sample microgroups of 4 (8 sequences per guided forward), which fits the H100
@@ -88,21 +95,23 @@ def execute(args: ScriptArgs, assets: U.Assets) -> None:
     scale = _SCALES[args.scale]
     job = U.colocated_job(__file__, args, assets, FAMILY, scale, GPU_MEMORY_GB)
 
+    # DiffusionNFT's sd3_pickscore sampling: CFG-free (guidance_scale 1.0), deterministic (its dpm2
+    # solver; ours the Euler ODE), the first int(steps x 0.99) steps of each sample trained
     rollout_args = U.rollout_batch_args(assets.prompt_data, scale, args.num_rollout) + (
         f"--diffusion-height {scale.resolution} --diffusion-width {scale.resolution} "
-        f"--diffusion-num-steps {scale.num_steps} --diffusion-num-sde-steps 2 "
-        "--diffusion-step-strategy-path epoch_global_random_choice "
-        "--diffusion-sde-type ode --diffusion-guidance-scale 4.5 "
+        f"--diffusion-num-steps {scale.num_steps} --diffusion-nft-timestep-fraction 0.99 "
+        "--diffusion-step-strategy-path sde_window "
+        "--diffusion-sde-type ode --diffusion-guidance-scale 1.0 "
         "--diffusion-max-sequence-length 128 "  # DiffusionNFT's T5 length (train_nft_sd3.py)
     )
 
-    # DiffusionNFT's sd3 defaults: beta 1, adv clip 5, rollouts from an old policy that follows the
-    # trained weights by a ramped EMA (decay_type 1: min(0.001 x step, 0.5))
+    # DiffusionNFT's sd3_pickscore: beta 1, global std, adv clip 5, one optimizer step per epoch,
+    # rollouts from an old policy that follows the trained weights by a ramped EMA (decay_type 1:
+    # min(0.001 x step, 0.5))
     grpo_args = (
-        "--loss-type nft --diffusion-nft-beta 1.0 --advantage-estimator grpo --diffusion-adv-clip-max 5.0 "
-        "--ema-rollout-policy ema --ema-decay-ramp 0.001 --ema-decay-max 0.5 "
-
-        "--num-steps-per-rollout 2 "
+        "--loss-type nft --diffusion-nft-beta 1.0 --advantage-estimator grpo --globalize-reward-std "
+        "--diffusion-adv-clip-max 5.0 --ema-rollout-policy ema --ema-decay-ramp 0.001 --ema-decay-max 0.5 "
+        "--num-steps-per-rollout 1 "
     )
 
     optimizer_args = U.optimizer_args(lr="3e-5")

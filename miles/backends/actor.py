@@ -48,6 +48,7 @@ from miles.backends.loss import (
     trained_pairs_mask,
 )
 from miles.backends.lora import LoraSpec, adapters_disabled, attach_lora, lora_spec_from_args
+from miles.backends.old_log_probs import old_log_probs, recompute_old_log_probs
 from miles.backends.optimizer import build_optimizer, clip_gradients, decay_steps, learning_rate, set_learning_rate
 from miles.backends.train_offload import TrainOffload, resident
 from miles.backends.sft import SFTBatch, SFTRankStep
@@ -124,8 +125,10 @@ class TrainRank:
             for p in self.params.values():
                 self.comm.broadcast(p.data, src=0)
         if self.sharded:  # after the adapters are in and every rank holds the same weights
-            fsdp.shard_model(self.model, self.components, fsdp.device_mesh(self.device, self.world_size),
-                             param_dtype, compute_dtype)
+            fsdp.shard_model(self.model, self.components,
+                             fsdp.device_mesh(self.device, self.world_size, getattr(args, "dp_replicate_size", 1)),
+                             param_dtype, compute_dtype,
+                             torch_dtype(getattr(args, "fsdp_reduce_dtype", None) or args.param_dtype))
             for component in self.components if self.meta_built else ():
                 materialize_from_checkpoint(self.model.transformers[component], self.model.path / component,
                                             self.device, lora_values.get(component))
@@ -241,6 +244,8 @@ class TrainRank:
                     with torch.no_grad():
                         self._forward(batch, micro, probe)
             v_old = self._old_velocities(batch, schedule) if nft else None
+            self._recomputed = (recompute_old_log_probs(self, batch, schedule)
+                                if getattr(args, "diffusion_recompute_old_log_prob", False) else None)
 
         totals: dict[str, float] = {}
         for window_index, window in enumerate(schedule):
@@ -337,6 +342,7 @@ class TrainRank:
         before = (lambda ctx: reference.update(mean=self._reference_mean(ctx))) if args.diffusion_kl_beta > 0 else None
         step, old_log_prob, ctx = self._forward(batch, pairs, probe, before, train=True)
         ref_mean = reference.get("mean")
+        old_log_prob = old_log_probs(getattr(self, "_recomputed", None), pairs, old_log_prob)
         inputs = PolicyLossInputs(step.log_prob, old_log_prob, advantages.to(self.device), step.mean, step.std, ref_mean,
                                   std_dev_t=step.std_dev_t, keep=self._kept(batch, pairs).to(self.device))
         if self.custom_loss is not None:

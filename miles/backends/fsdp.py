@@ -45,10 +45,15 @@ class CheckpointBackendError(ValueError):
     """A checkpoint written by the other train backend."""
 
 
-def device_mesh(device: torch.device, world_size: int):
+def device_mesh(device: torch.device, world_size: int, replicas: int = 1):
+    """One dimension that shards over every rank; with `replicas` > 1 (--dp-replicate-size) a 2-D
+    mesh, replicas x ranks per replica: FSDP2 shards within a replica and all-reduces across
+    replicas (HSDP)."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    return init_device_mesh(device.type, (world_size,))
+    if replicas == 1:
+        return init_device_mesh(device.type, (world_size,))
+    return init_device_mesh(device.type, (replicas, world_size // replicas), mesh_dim_names=("replicate", "shard"))
 
 
 def transformer_blocks(module: torch.nn.Module) -> list[torch.nn.Module]:
@@ -61,18 +66,21 @@ def transformer_blocks(module: torch.nn.Module) -> list[torch.nn.Module]:
     return blocks
 
 
-def mixed_precision(param_dtype: torch.dtype, compute_dtype: torch.dtype):
+def mixed_precision(param_dtype: torch.dtype, compute_dtype: torch.dtype, reduce_dtype: torch.dtype | None = None):
+    """Gathered in the compute dtype; gradients reduced in `reduce_dtype` (--fsdp-reduce-dtype, unset:
+    the param dtype) and kept in the param dtype."""
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
-    return MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=param_dtype, output_dtype=None,
+    return MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=reduce_dtype or param_dtype, output_dtype=None,
                                 cast_forward_inputs=False)
 
 
-def shard_model(model, components: list[str], mesh, param_dtype: torch.dtype, compute_dtype: torch.dtype) -> None:
+def shard_model(model, components: list[str], mesh, param_dtype: torch.dtype, compute_dtype: torch.dtype,
+                reduce_dtype: torch.dtype | None = None) -> None:
     """Shard the trained components in place; everything not trained goes to the compute dtype."""
     from torch.distributed.fsdp import fully_shard
 
-    policy = mixed_precision(param_dtype, compute_dtype)
+    policy = mixed_precision(param_dtype, compute_dtype, reduce_dtype)
     for component in components:
         module = model.transformers[component]
         for block in transformer_blocks(module):
@@ -106,6 +114,7 @@ def clip_gradients(params: list[torch.nn.Parameter], max_norm: float) -> float:
     local_sq = torch.zeros((), dtype=torch.float64)
     for g in grads:
         local_sq += g.to_local().double().pow(2).sum().cpu()
+    local_sq /= _replicas_holding(grads[0])  # HSDP: each replica holds the same shards
     if dist.is_initialized():
         dist.all_reduce(local_sq)
     norm = float(local_sq.sqrt())
@@ -115,6 +124,17 @@ def clip_gradients(params: list[torch.nn.Parameter], max_norm: float) -> float:
             for g in grads:
                 g.to_local().mul_(coef)
     return norm
+
+
+def _replicas_holding(tensor: torch.Tensor) -> int:
+    """How many ranks hold each element of a sharded tensor: the mesh dimensions it is replicated over."""
+    placements = getattr(tensor, "placements", ())
+    mesh = getattr(tensor, "device_mesh", None)
+    count = 1
+    for dim, placement in enumerate(placements):
+        if placement.is_replicate():
+            count *= mesh.size(dim)
+    return count
 
 
 def full_tensor(tensor: torch.Tensor) -> torch.Tensor:

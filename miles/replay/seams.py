@@ -259,7 +259,10 @@ def replay_seams(memory: LiveMemory):
 
     mesh = init_device_mesh("cpu", (dist.get_world_size(),))  # made before the meta mode is on
 
-    def cpu_mesh(device, world_size):
+    def cpu_mesh(device, world_size, replicas=1):
+        if replicas != 1:  # the replay's mesh is made before the meta mode, one dimension
+            raise NotImplementedError(f"the replay shards over one mesh dimension; --dp-replicate-size {replicas} "
+                                      f"(HSDP) is not replayed")
         return mesh
 
     with ExitStack() as stack:

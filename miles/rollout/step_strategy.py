@@ -14,20 +14,26 @@ StepStrategy = Callable[..., list]
 
 
 def sde_window(args, rollout_id: int, num_steps: int, num_sde_steps: int, rng: random.Random) -> list[int]:
-    """A contiguous window of num_sde_steps steps starting in [0, --diffusion-sde-window-max-start]."""
+    """A contiguous window of num_sde_steps steps starting in [--diffusion-sde-window-min-start,
+    --diffusion-sde-window-max-start]."""
+    min_start = getattr(args, "diffusion_sde_window_min_start", 0) or 0
     max_start = getattr(args, "diffusion_sde_window_max_start", 0) or 0
     if max_start + num_sde_steps > num_steps:
         raise ValueError(
             f"--diffusion-sde-window-max-start {max_start} + {num_sde_steps} SDE steps exceeds {num_steps} steps"
         )
-    start = rng.randint(0, max_start)
+    # a min start of 0 draws exactly as before it existed (randint(0, max)): the same windows per seed
+    start = rng.randint(min_start, max_start)
     return list(range(start, start + num_sde_steps))
 
 
 def epoch_global_random_choice(args, rollout_id: int, num_steps: int, num_sde_steps: int, rng: random.Random) -> list[int]:
-    """num_sde_steps distinct steps drawn uniformly from the first int(num_steps x
-    --diffusion-timestep-fraction) (the reference's trained fraction: the terminal step only at 1.0),
-    shared by all samples of the rollout."""
+    """num_sde_steps distinct steps drawn uniformly from --diffusion-sde-candidate-steps, else from
+    the first int(num_steps x --diffusion-timestep-fraction) (the reference's trained fraction: the
+    terminal step only at 1.0), shared by all samples of the rollout."""
+    candidates = getattr(args, "diffusion_sde_candidate_steps", None)
+    if candidates:
+        return sorted(rng.sample(sorted(candidates), num_sde_steps))
     fraction = getattr(args, "diffusion_timestep_fraction", 1.0)
     eligible = min(num_steps, max(num_sde_steps, int(num_steps * fraction)))
     return sorted(rng.sample(range(eligible), num_sde_steps))

@@ -116,7 +116,8 @@ _SCALARS = ("recipe", "train_script", "num_nodes", "num_gpus_per_node", "cuda_vi
             "external_ray", "dry_run")
 _SKIP = {"version", "run_id", "run_dir", "argv", "locked_flags", "runtime_env", "commands", "ray", "memory_plan",
          "memory_plan_error", "prepare_commands",
-         "hub_revisions"}  # the commits this machine's cache holds: not the same on every machine
+         "hub_revisions",  # the commits this machine's cache holds: not the same on every machine
+         "gated_assets"}  # plan.json names the licence pages; a snapshot keeps to the recipe's flags and commands
 
 
 def render_plan(plan: Mapping, norm: Normalizer | None = None) -> str:

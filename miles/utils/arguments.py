@@ -14,9 +14,10 @@ import sys
 from typing import Any, Sequence
 
 from miles.utils.batching import ITER_ORDERS, SPLIT_MODES, BatchPlan
+from miles.utils.capability_flags import add_capability_flags
 from miles.utils.families import FAMILY_NAMES
 from miles.utils.memory_plan import MemoryPlanError, plan_and_check
-from miles.utils.public_flags import add_public_flags, normalize_public_values, refusal
+from miles.utils.public_flags import add_public_flags, normalize_public_values, unrecognized_message
 from miles.utils.validation import ConfigError, compute_batch_plan, validate_args
 
 __all__ = [
@@ -47,6 +48,11 @@ def _number(value: Any, kind: type) -> Any:
     if kind is int and isinstance(value, float) and value != number:
         raise argparse.ArgumentTypeError(f"expected an integer, got {value!r}")
     return number
+
+
+def _dashed(value: str) -> str:
+    """`sample_major` (miles-diffusion's spelling) is `sample-major`."""
+    return str(value).replace("_", "-")
 
 
 def positive_int(value: Any) -> int:
@@ -121,27 +127,6 @@ class SuggestingArgumentParser(argparse.ArgumentParser):
         return [flag for action in self._actions for flag in action.option_strings]
 
 
-def unrecognized_message(extras: Sequence[str], known_flags: Sequence[str]) -> str:
-    import difflib
-
-    described = []
-    skipping_values = False
-    for token in extras:
-        close = []
-        refused = refusal(token) if token.startswith("--") else None
-        if refused:  # its name only: a refused flag's value may be a secret (a wandb key)
-            described.append(f"{token.split('=', 1)[0]} ({refused})")
-            skipping_values = True
-            continue
-        if skipping_values and not token.startswith("-"):
-            continue
-        skipping_values = False
-        if token.startswith("-"):
-            close = difflib.get_close_matches(token.split("=", 1)[0], known_flags, n=1, cutoff=0.6)
-        described.append(f"{token} (did you mean {close[0]}?)" if close else token)
-    return f"unrecognized arguments: {' '.join(described)}"
-
-
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """Shows a default only when there is one: "unset" is spelled out in the help where it matters."""
 
@@ -172,6 +157,7 @@ def build_parser() -> SuggestingArgumentParser:
     for add_group in (_cluster, _batch, _sampling, _model, _algorithm, _optimizer, _lora, _reward,
                       _data, _eval, _checkpoint, _debug, _determinism, _logging, _config):
         add_group(parser)
+    add_capability_flags(parser)  # miles-diffusion's flags of capabilities, same names
     add_public_flags(parser)  # miles-diffusion's names for the same flags
     _short_numeric_metavars(parser)
     return parser
@@ -236,7 +222,7 @@ def _batch(parser) -> None:
                         "size)")
     g.add_argument("--micro-batch-size-tstep", type=positive_int, default=None,
                    help="2D tile: timesteps per backward pass (with --micro-batch-size-sample)")
-    g.add_argument("--diffusion-train-iter-order", choices=ITER_ORDERS, default="sample-major",
+    g.add_argument("--diffusion-train-iter-order", choices=ITER_ORDERS, default="sample-major", type=_dashed,
                    help="order the 2D tiles of an optimizer step are visited in")
     g.add_argument("--train-dp-split-mode", choices=SPLIT_MODES, default="contiguous",
                    help="deal the sample-major pair list to DP ranks in blocks or round-robin")

@@ -7,6 +7,8 @@ DP rank and optimizer step, so a layout the plan accepts is the layout that gets
 
 from __future__ import annotations
 
+import itertools
+import math
 import re
 from argparse import Namespace
 
@@ -337,16 +339,30 @@ def high_noise_step_count(experts: tuple[str, ...]) -> int:
 def trainable_steps(ns: Namespace) -> tuple[int, ...]:
     """Every denoising step that some choice the step strategy may make trains."""
     if ns.diffusion_step_strategy_path == "sde_window":
-        return tuple(range(ns.diffusion_sde_window_max_start + num_trained_steps(ns)))
+        return tuple(range(_min_start(ns), ns.diffusion_sde_window_max_start + num_trained_steps(ns)))
+    candidates = getattr(ns, "diffusion_sde_candidate_steps", None)
+    if candidates and ns.diffusion_step_strategy_path == "epoch_global_random_choice":
+        return tuple(sorted(candidates))
     return tuple(range(ns.diffusion_num_steps))
+
+
+MAX_LISTED_CHOICES = 10_000
 
 
 def candidate_step_sets(ns: Namespace) -> list[tuple[int, ...]] | None:
     """The trained-step lists the strategy may choose, or None when there are too many to list."""
     k = num_trained_steps(ns)
     if ns.diffusion_step_strategy_path == "sde_window":
-        return [tuple(range(start, start + k)) for start in range(ns.diffusion_sde_window_max_start + 1)]
+        return [tuple(range(start, start + k)) for start in range(_min_start(ns), ns.diffusion_sde_window_max_start + 1)]
+    candidates = getattr(ns, "diffusion_sde_candidate_steps", None)
+    if candidates and ns.diffusion_step_strategy_path == "epoch_global_random_choice":
+        if math.comb(len(candidates), k) <= MAX_LISTED_CHOICES:
+            return list(itertools.combinations(sorted(candidates), k))
     return None
+
+
+def _min_start(ns: Namespace) -> int:
+    return getattr(ns, "diffusion_sde_window_min_start", 0) or 0
 
 
 def _check_phase_purity(ns: Namespace, family: FamilyFacts, experts: tuple[str, ...], forwards) -> None:
@@ -382,14 +398,16 @@ def _mixed_step_choice(ns: Namespace, positions: frozenset, boundary: int) -> tu
 
 
 def _mixed_any_subset(ns: Namespace, positions: frozenset, boundary: int) -> tuple[int, ...] | None:
-    """Random or custom strategies: assume any k of the N steps may come up.
+    """Random or custom strategies: assume any k of the N steps (of the candidates, when given) may come up.
 
     The rollout sorts whatever a strategy returns, so position p holds the p-th smallest chosen
     step. The earliest position can sit before the boundary when at least first + 1 steps lie
     before it, and the latest after it when at least k - last steps lie from it on.
     """
-    k, steps = num_trained_steps(ns), ns.diffusion_num_steps
+    k, pool = num_trained_steps(ns), trainable_steps(ns)
     first, last = min(positions), max(positions)
-    if first < boundary and k - last <= steps - boundary:
-        return (boundary - 1, boundary)
+    before = [s for s in pool if s < boundary]
+    after = [s for s in pool if s >= boundary]
+    if len(before) > first and len(after) >= k - last:
+        return (before[-1], after[0])
     return None

@@ -186,7 +186,9 @@ def _pairs_per_forward(ns: Namespace, plan) -> int:
 def _sharding_factor(ns: Namespace) -> int:
     from miles.utils.validation import train_gpus
 
-    return train_gpus(ns) if getattr(ns, "train_backend", "dp") == "fsdp" else 1
+    if getattr(ns, "train_backend", "dp") != "fsdp":
+        return 1
+    return train_gpus(ns) // getattr(ns, "dp_replicate_size", 1)  # HSDP shards within a replica
 
 
 def _train_rank(ns: Namespace, plan, facts: ModelFacts, geo: Geometry) -> tuple[RoleEstimate, list[str]]:

@@ -30,8 +30,6 @@ REFUSED_PREFIXES: dict[str, str] = {
     "--miles-router-": "the miles router does not run here: the driver hands each engine its prompt groups "
                        "directly (miles.ray.rollout_manager)",
     "--router-": "the sglang router does not run here: the driver hands each engine its prompt groups directly",
-    "--rollout-function-path": f"the sglang rollout function is not used here: {_ENGINES}; a custom reward is "
-                               "--custom-rm-path",
     "--rm-url": "remote reward servers are not called here: rewards run in Ray reward workers (--rm-type, "
                 "--custom-rm-path)",
     "--megatron-": "Megatron does not run here: train ranks are this project's FSDP/DP ranks (--train-backend)",
@@ -44,14 +42,39 @@ REFUSED_PREFIXES: dict[str, str] = {
 
 def refusal(flag: str) -> str | None:
     """Why `flag` is refused (what runs here instead), or None for a flag that is simply unknown."""
+    from miles.utils import flag_vocabulary
+
     name = flag.split("=", 1)[0]
+    why = flag_vocabulary.refusal(name)
+    if why is not None:
+        return why
+    if name in flag_vocabulary.NO_COUNTERPART:  # the launcher leaves these out of a job's argv
+        return f"{flag_vocabulary.NO_COUNTERPART[name]}; a launch script's copy is left out by the launcher"
     for prefix, why in REFUSED_PREFIXES.items():
         if name == prefix or (prefix.endswith("-") and name.startswith(prefix)):
             return why
     return None
 
 
-class _SetAttributes(argparse.Action):
+def unrecognized_message(extras: Sequence[str], known_flags: Sequence[str]) -> str:
+    """One line: the first refused flag and what runs here instead; else every unknown flag, each
+    with the closest known one. A refused flag's value is never shown (it may be a secret)."""
+    import difflib
+
+    for token in extras:
+        refused = refusal(token) if token.startswith("--") else None
+        if refused:
+            return f"{token.split('=', 1)[0]} does not run here: {refused}"
+    described = []
+    for token in extras:
+        close = []
+        if token.startswith("-"):
+            close = difflib.get_close_matches(token.split("=", 1)[0], known_flags, n=1, cutoff=0.6)
+        described.append(f"{token} (did you mean {close[0]}?)" if close else token)
+    return f"unrecognized arguments: {' '.join(described)}"
+
+
+class PublicName(argparse.Action):
     """A public name: sets our flags' attributes (`targets`) to the converted value, or `const`."""
 
     def __init__(self, option_strings, dest, targets: Sequence[str] = (), convert: Callable | None = None,
@@ -71,7 +94,7 @@ class _SetAttributes(argparse.Action):
             setattr(namespace, target, value)
 
 
-def _dtype(word: str) -> str:
+def dtype_word(word: str) -> str:
     if word not in _DTYPE_WORDS:
         raise argparse.ArgumentTypeError(f"invalid choice {word!r} (choose from fp16, bf16, fp32)")
     return _DTYPE_WORDS[word]
@@ -88,16 +111,16 @@ def _sde_window_size(value: str) -> int:
     return non_negative_int(value) or EVERY_STEP
 
 
-def _sde_window_range(value: str) -> int:
-    """miles-diffusion's 'lo,hi' (start in [lo, hi)) as our largest start, hi - 1; lo must be 0."""
+def _sde_window_range(value: str) -> tuple[int, int]:
+    """miles-diffusion's 'lo,hi': the window lies in steps lo..hi-1 (it starts in lo..hi - its size),
+    resolved into --diffusion-sde-window-min-start / -max-start once the window size is known."""
     try:
         lo, hi = (int(part) for part in value.split(","))
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected 'lo,hi', got {value!r}") from None
-    if lo != 0 or hi < 1:
-        raise argparse.ArgumentTypeError(f"{value!r}: here the window starts at 0..N (lo must be 0, hi >= 1); "
-                                         f"use --diffusion-sde-window-max-start N")
-    return hi - 1
+    if not 0 <= lo < hi:
+        raise argparse.ArgumentTypeError(f"{value!r}: want 0 <= lo < hi (the window lies in steps lo..hi-1)")
+    return lo, hi
 
 
 def add_public_flags(parser: argparse.ArgumentParser) -> None:
@@ -110,11 +133,11 @@ def add_public_flags(parser: argparse.ArgumentParser) -> None:
         "flag named in its help (docs/launch-scripts.md lists them)")
 
     def alias(flag: str, targets: Sequence[str], help: str, **kwargs: Any) -> None:
-        g.add_argument(flag, action=_SetAttributes, targets=targets, help=help, **kwargs)
+        g.add_argument(flag, action=PublicName, targets=targets, help=help, **kwargs)
 
-    alias("--diffusion-forward-dtype", ("compute_dtype", "rollout_dtype"), convert=_dtype, metavar="fp16|bf16|fp32",
+    alias("--diffusion-forward-dtype", ("compute_dtype", "rollout_dtype"), convert=dtype_word, metavar="fp16|bf16|fp32",
           help="dtype of every DiT forward, train and rollout: --compute-dtype and --rollout-dtype")
-    alias("--fsdp-master-dtype", ("param_dtype",), convert=_dtype, metavar="fp16|bf16|fp32",
+    alias("--fsdp-master-dtype", ("param_dtype",), convert=dtype_word, metavar="fp16|bf16|fp32",
           help="dtype of the trained (master) weights: --param-dtype")
     alias("--pickscore-num-workers", ("rm_num_workers",), type=positive_int, metavar="N",
           help="PickScore reward workers: --rm-num-workers")
@@ -129,11 +152,15 @@ def add_public_flags(parser: argparse.ArgumentParser) -> None:
     alias("--diffusion-device", ("device",), choices=("cuda", "cpu"), help="where models run: --device")
     alias("--diffusion-sde-window-size", ("diffusion_num_sde_steps",), convert=_sde_window_size, metavar="N",
           help="SDE steps per sample in the window, trained (0: all): --diffusion-num-sde-steps")
-    alias("--diffusion-sde-window-range", ("diffusion_sde_window_max_start",), convert=_sde_window_range,
-          metavar="0,HI", help="the window starts in [0, HI): --diffusion-sde-window-max-start HI-1")
+    alias("--diffusion-sde-window-range", ("diffusion_sde_window_range",), convert=_sde_window_range,
+          metavar="LO,HI", help="the window lies in steps LO..HI-1: --diffusion-sde-window-min-start LO and "
+          "--diffusion-sde-window-max-start HI minus the window size")
     alias("--debug-train-only", ("train_only",), nargs=0, const=True, help="--train-only")
     alias("--offload", ("offload_train", "offload_rollout"), nargs=0, const=True,
           help="--offload-train and --offload-rollout")
+    from miles.utils.upstream_values import add_upstream_aliases
+
+    add_upstream_aliases(alias)
 
 
 def normalize_public_values(namespace: argparse.Namespace) -> None:
@@ -142,6 +169,9 @@ def normalize_public_values(namespace: argparse.Namespace) -> None:
     metrics are also logged under it)."""
     if getattr(namespace, "diffusion_num_sde_steps", None) == EVERY_STEP:
         namespace.diffusion_num_sde_steps = namespace.diffusion_num_steps
+    from miles.utils.upstream_values import normalize_upstream_values
+
+    normalize_upstream_values(namespace)
     value = getattr(namespace, "eval_prompt_data", None)
     if isinstance(value, (list, tuple)):
         if len(value) > 2:

@@ -52,6 +52,23 @@ class MetricsLogger:
         if self.wandb_run is not None:
             self.wandb_run.log({k: v for k, v in clean.items() if isinstance(v, (int, float))}, step=rollout_id)
 
+    def log_images(self, rollout_id: int, images: list, captions: list | None, *, count: int, interval: int) -> int:
+        """--wandb-log-num-images / --wandb-log-image-interval: the first `count` samples of a rollout
+        every `interval` rollouts, as wandb images (a video's first frame) titled by prompt and reward.
+        Returns how many were logged."""
+        if self.wandb_run is None or not count or rollout_id % interval or not images:
+            return 0
+        import wandb
+
+        shown = images[:count]
+        titles = list(captions or [])[:len(shown)]
+        titles += [None] * (len(shown) - len(titles))
+        logged = [wandb.Image(frame, caption=None if title is None else
+                              (title if isinstance(title, str) else sample_caption(*title)))
+                  for frame, title in zip(_grid_frames(shown), titles)]
+        self.wandb_run.log({"rollout/samples": logged}, step=rollout_id)
+        return len(logged)
+
     def close(self) -> None:
         if self.wandb_run is not None:
             self.wandb_run.finish()

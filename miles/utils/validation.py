@@ -20,6 +20,7 @@ from miles.utils.batch_rules import (
     DOTTED_PATH, ConfigError, compute_batch_plan, family_of, train_gpus, trainable_steps,
 )
 from miles.utils.batching import BatchPlan
+from miles.utils.capability_rules import check_capability_flags
 from miles.utils.families import FamilyFacts
 
 __all__ = ["ConfigError", "compute_batch_plan", "validate_args"]
@@ -131,7 +132,7 @@ def check_cross_flag_rules(ns: Namespace, family: FamilyFacts) -> None:
     for rule in (_run_length, _checkpointing, _lora_flags, _run_modes, _kl_reference, _reward_source,
                  _dotted_paths, _prompt_data, _learning_rates, _microgroups, _target_modules, _dtypes,
                  _unimplemented_values, _gpu_memory, _edm_schedule, _weight_sync, _offload, _algorithm_flags,
-                 _probe_sampling, _sft_media):
+                 _probe_sampling, _sft_media, check_capability_flags):
         rule(ns, family)
 
 

@@ -93,10 +93,15 @@ def get_scorer(path: str | Path, processor_path: str | Path | None = None,
         return _scorers[key]
 
 
-def score_samples_with(scorer: PickScoreScorer, samples: list[RewardSample]) -> list[float]:
+def frames_scored(args: Any) -> int:
+    """Frames of a video PickScore reads: --pickscore-num-frames, else VIDEO_FRAMES."""
+    return getattr(args, "pickscore_num_frames", None) or VIDEO_FRAMES
+
+
+def score_samples_with(scorer: PickScoreScorer, samples: list[RewardSample], num_frames: int = VIDEO_FRAMES) -> list[float]:
     prompts, frames, owners = [], [], []
     for index, sample in enumerate(samples):
-        for frame in pick_frames(sample.frames(), VIDEO_FRAMES):
+        for frame in pick_frames(sample.frames(), num_frames):
             prompts.append(sample.prompt)
             frames.append(frame)
             owners.append(index)
@@ -114,7 +119,7 @@ async def pickscore_reward(args: Any, samples: list[RewardSample]) -> list[float
     batch_size = getattr(args, "pickscore_batch_size", None) or BATCH_SIZE
 
     def run() -> list[float]:
-        return score_samples_with(get_scorer(path, processor_path, batch_size), samples)
+        return score_samples_with(get_scorer(path, processor_path, batch_size), samples, frames_scored(args))
 
     # Model calls block; a thread keeps the caller's event loop (an async actor) responsive.
     return await asyncio.to_thread(run)

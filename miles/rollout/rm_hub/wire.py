@@ -16,15 +16,19 @@ import numpy as np
 from miles.rollout.rm_hub.registry import reward_name
 from miles.rollout.rm_hub.types import RewardError, RewardSample, pick_frames
 from miles.utils.reward_names import EIGHT_BIT_FRAMES
+
 EVERY_FRAME = 0  # `frames_to_send`'s answer for a reward that reads the decoded values
 
 
 def frames_to_send(args: Any, metadata: dict[str, Any]) -> int:
     """How many frames of a sample its reward reads as uint8, or EVERY_FRAME."""
     try:
-        return EIGHT_BIT_FRAMES.get(reward_name(args, metadata or {}), EVERY_FRAME)
+        name = reward_name(args, metadata or {})
     except RewardError:  # the worker names the sample and the reason
         return EVERY_FRAME
+    if name == "pickscore" and getattr(args, "pickscore_num_frames", None):
+        return args.pickscore_num_frames  # the frames PickScore reads (rm_hub.pickscore.frames_scored)
+    return EIGHT_BIT_FRAMES.get(name, EVERY_FRAME)
 
 
 def reward_input(prompt: str, image: Any, metadata: dict[str, Any], frames: int) -> RewardSample:

@@ -52,6 +52,7 @@ from miles.utils.external_utils.public_names import (
     execute_train,
     fp8_cast_bf16,
     get_bool_env_var,
+    get_default_wandb_args,
     get_env_enable_infinite_run,
     hf_download_dataset,
     refused_name,
@@ -80,7 +81,7 @@ from miles.utils.external_utils.recipe_options import (
     scale_option,
 )
 from miles.utils.external_utils.ray_cluster import wait_for_cluster_resources
-from miles.utils.external_utils.train_job import TrainJob, colocated_job, get_default_wandb_args
+from miles.utils.external_utils.train_job import TrainJob, colocated_job
 from miles.utils.external_utils.train_launch import ClusterInfo, LaunchError
 from miles.utils.typer_utils import dataclass_cli, dataclass_cli_app, print_options_table
 

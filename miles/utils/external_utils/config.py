@@ -50,8 +50,9 @@ def check_run_id(run_id: str) -> str:
 def check_extra_args_flags(extra_args: str) -> None:
     """Flags in --extra-args that train_diffusion.py does not know, caught before prepare() runs."""
     from miles.utils.arguments import build_parser, unrecognized_message
+    from miles.utils.flag_vocabulary import NO_COUNTERPART
 
-    known = set(build_parser().known_flags())
+    known = set(build_parser().known_flags()) | set(NO_COUNTERPART)  # the launcher leaves those out
     unknown = [w for w in split_extra_args(extra_args) if w.startswith("--") and w.split("=", 1)[0] not in known]
     if unknown:
         raise ScriptOptionError(f"--extra-args: {unrecognized_message(unknown, sorted(known))} "

@@ -39,10 +39,18 @@ class LaunchPlan:
     memory_plan: list[str] = field(default_factory=list)  # per-GPU estimate per role (miles.utils.memory_plan)
     memory_plan_error: str | None = None  # set when the estimate is over budget: the launch is refused
     dry_run_decided_by: str = "default"  # MILES_SCRIPT_ENABLE_RAY_SUBMIT, ENABLE_RAY_SUBMIT or default
+    # miles-diffusion's flags and train script as this launch took them (miles.utils.flag_vocabulary):
+    # {"mapped": [...], "no_counterpart": [...], "train_script": "..."}; only the non-empty ones
+    upstream_flags: dict[str, Any] = field(default_factory=dict)
+    # gated Hub repositories the launch fetches: [{"repo", "licence" (its page), "token" (the variable)}]
+    gated_assets: list[dict[str, str]] = field(default_factory=list)
     version: int = PLAN_VERSION
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
+        for optional in ("upstream_flags", "gated_assets"):  # written only when a launch has them
+            if not data[optional]:
+                del data[optional]
         return {"version": data.pop("version"), **data}
 
     def write(self) -> Path:

@@ -26,6 +26,7 @@ from miles.utils.external_utils.config import REPO_ROOT, ExecuteTrainConfig
 from miles.utils.external_utils.processes import exec_command as _exec_command
 from miles.utils.external_utils.recipe_assets import ensure_released_or_exit
 from miles.utils.external_utils.released_assets import HubAsset, ensure_hub_asset, is_offline
+from miles.utils.external_utils.train_job import get_default_wandb_args as wandb_flags
 from miles.utils.typer_utils import parse_bool_word
 
 repo_base_dir = REPO_ROOT
@@ -77,15 +78,20 @@ def check_has_nvlink() -> bool:
     return topo.returncode == 0 and any(word.startswith("NV") and word[2:].isdigit() for word in topo.stdout.split())
 
 
-def hf_download_dataset(full_name: str, local_dir: str | os.PathLike | None = None, revision: str = "main") -> str:
-    """Fetch the Hub dataset `org/name` (resumable; HF_HOME and HF_HUB_OFFLINE honoured) and return
-    its local path: its snapshot in the shared cache, or `local_dir` when one is given (fetched
-    straight there). A dry run prints the command and names the path."""
+def hf_download_dataset(full_name: str, include: str | None = None, data_dir: str | os.PathLike | None = None, *,
+                        local_dir: str | os.PathLike | None = None, revision: str = "main") -> str:
+    """Fetch the Hub dataset `org/name` (or only the files matching `include`, e.g. "subset/**";
+    resumable, HF_HOME and HF_HUB_OFFLINE honoured) and return its local directory, as
+    miles-diffusion's does: `<data_dir>/<name>` when `data_dir` is given, `local_dir` itself when
+    that is given, else its snapshot in the shared Hugging Face cache (not /root/datasets). A dry run
+    prints the command and names the path."""
+    if local_dir is None and data_dir is not None:
+        local_dir = Path(data_dir) / full_name.split("/")[-1]
     if local_dir is None:
         dataset = HubAsset(full_name.split("/")[-1], full_name, revision=revision, repo_type="dataset")
-        return ensure_released_or_exit(ensure_hub_asset, dataset)
-    command = shlex.join(["hf", "download", full_name, "--repo-type", "dataset", "--revision", revision,
-                          "--local-dir", str(local_dir)])
+        return ensure_released_or_exit(ensure_hub_asset, dataset, include)
+    words = ["hf", "download", full_name, "--repo-type", "dataset", "--revision", revision]
+    command = shlex.join([*words, *(["--include", include] if include else []), "--local-dir", str(local_dir)])
     if is_offline() and not Path(local_dir).is_dir():
         print(f"error: dataset {full_name} is not in {local_dir} and HF_HUB_OFFLINE=1 forbids fetching it; "
               f"fetch it once online with: {command}", file=sys.stderr, flush=True)
@@ -132,19 +138,19 @@ def refused_name(name: str):
 def execute_train(
     train_args: str,
     num_gpus_per_node: int,
-    megatron_model_type: Any = None,
+    config: ExecuteTrainConfig | None = None,
     train_script: str = train_launch.DEFAULT_TRAIN_SCRIPT,
     before_ray_job_submit: Any = None,
     extra_env_vars: Mapping[str, str] | None = None,
-    config: ExecuteTrainConfig | None = None,
+    megatron_model_type: Any = None,
     **launch_options: Any,
 ) -> None:
-    """miles-diffusion's execute_train: the third positional is its Megatron model type (None, or
-    a config given positionally by a recipe of ours); `extra_env_vars` (a dict) joins the job's
-    environment under `config.extra_env_vars` (which wins); without `config` the defaults apply.
+    """miles-diffusion's execute_train: `config` defaults to `ExecuteTrainConfig()`; `extra_env_vars`
+    (a dict) joins the job's environment under `config.extra_env_vars` (which wins). Its older form,
+    a Megatron model type third (None, or a model type that is refused), works too.
     `launch_options`: our locked_flags, ray_head_port, cluster_wait_timeout."""
-    if isinstance(megatron_model_type, ExecuteTrainConfig):
-        config, megatron_model_type = megatron_model_type, None
+    if config is not None and not isinstance(config, ExecuteTrainConfig):
+        config, megatron_model_type = None, config  # the older form's third positional
     if megatron_model_type is not None:
         refuse("execute_train", f"megatron_model_type={megatron_model_type!r}: Megatron does not run here: "
                f"{_WHAT_RUNS_HERE}; pass None")
@@ -155,6 +161,29 @@ def execute_train(
                                before_ray_job_submit=before_ray_job_submit, **launch_options)
 
 
+def get_default_wandb_args(test_file: str, run_name_prefix: str | None = None, run_id: str | None = None,
+                           project: str | None = None, **extra_flags: object) -> str:
+    """miles-diffusion's wandb flags, only when WANDB_API_KEY is set: group the script's file name,
+    run name `[<prefix>_]<group>-<run id>`, project `project` (unset: `$WANDB_PROJECT`, else
+    `miles-<script name>`), then each extra flag as `--<name with dashes> <value>`
+    (`wandb_log_num_images=8` is `--wandb-log-num-images 8`). Never the key itself: the trainer
+    reads it from its environment, where the launcher puts it."""
+    words = wandb_flags(test_file, run_name_prefix, run_id, project=project or _default_project(test_file))
+    if not words:
+        return ""
+    if project and "--wandb-project" not in words.split():  # the script's own project wins over $WANDB_PROJECT
+        words += " " + shlex.join(["--wandb-project", project])
+    extra = [w for name, value in extra_flags.items() for w in (f"--{name.replace('_', '-')}", str(value))]
+    return " ".join(filter(None, [words, shlex.join(extra)]))
+
+
+def _default_project(test_file: str) -> str:
+    """miles-diffusion's per-script project: `miles-<stem>`, a stem under 6 letters prefixed by its folder."""
+    path = Path(test_file)
+    name = path.stem if len(path.stem) >= 6 else f"{path.parent.name}_{path.stem}"
+    return f"miles-{name}"
+
+
 def _merged_env_text(given: Mapping[str, str], text: str) -> str:
     from miles.utils.external_utils.env_vars import parse_extra_env_vars
 
@@ -163,6 +192,6 @@ def _merged_env_text(given: Mapping[str, str], text: str) -> str:
 
 __all__ = [
     "GENERATION_HARDWARE", "NUM_GPUS_OF_HARDWARE", "check_has_nvlink", "convert_checkpoint", "exec_command",
-    "execute_train", "fp8_cast_bf16", "get_bool_env_var", "get_env_enable_infinite_run",
+    "execute_train", "fp8_cast_bf16", "get_bool_env_var", "get_default_wandb_args", "get_env_enable_infinite_run",
     "hf_download_dataset", "refused_name", "repo_base_dir", "rsync_simple", "save_to_temp_file",
 ]

@@ -16,6 +16,7 @@ from typing import NamedTuple, Optional, Protocol
 
 from miles.proxy_assets import checkpoint_name, is_built_pickscore, is_current_checkpoint, tiny_pickscore_name
 from miles.utils.external_utils import released_assets
+from miles.utils.external_utils.deferred_fetches import deferring
 from miles.utils.external_utils.launch_mode import is_dry_run
 from miles.utils.external_utils.recipe_options import RolloutScale
 from miles.utils.families import FAMILIES, get_family_facts
@@ -105,10 +106,13 @@ def ensure_prompt_files(
 
 
 def _released(model_dir: Path, name: str, asset: Optional[released_assets.HubAsset]) -> str:
-    """A released model: the folder under --model-dir if present, else the Hub's (fetched)."""
+    """A released model: the folder under --model-dir if present, else the Hub's: its cached
+    snapshot, or (a real launch) its hub id, which the launcher fetches once its checks pass."""
     placed = model_dir / name
     if placed.is_dir() or asset is None:
         return str(placed)
+    if deferring() and released_assets.cached_snapshot(asset) is None:
+        return asset.hub_id
     return ensure_released_or_exit(released_assets.ensure_hub_asset, asset)
 
 
@@ -137,7 +141,7 @@ def _ensure_assets(family: str, scale: RolloutScale, options: AssetDirs, release
         if not is_dry_run():
             refuse_unrunnable_release(family, released, Path(options.model_dir))
         prompt_data, eval_prompt_data = released_assets.ensure_released_prompts(
-            released_assets.FULL_SCALE_PROMPTS[prompts], options.data_dir)
+            released_assets.FULL_SCALE_PROMPTS[prompts], options.data_dir, later=deferring())
     else:
         prompt_data, eval_prompt_data = ensure_prompt_files(prompts, options.data_dir, scale.num_prompts)
     checkpoint = ensure_recipe_checkpoint(family, scale.checkpoint_size, options.model_dir, released)

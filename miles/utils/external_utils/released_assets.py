@@ -19,6 +19,7 @@ import json
 import os
 import re
 import shlex
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,6 +51,11 @@ class HubAsset:
     @property
     def cache_folder(self) -> str:
         return f"{self.repo_type}s--{self.repo_id.replace('/', '--')}"
+
+    @property
+    def hub_id(self) -> str:
+        """`org/name[@revision]`, as --hf-checkpoint takes it (the launcher fetches it)."""
+        return self.repo_id if self.revision == "main" else f"{self.repo_id}@{self.revision}"
 
 
 @dataclass(frozen=True)
@@ -86,6 +92,43 @@ RELEASED_CHECKPOINTS: dict[str, HubAsset] = {
     )
 }
 PICKSCORE = HubAsset("PickScore_v1", "yuvalkirstain/PickScore_v1", marker="config.json")
+# Hub checkpoints miles-diffusion's recipes train that no family here runs, and why: refused from
+# the hub id alone, before anything is fetched (the preflight would refuse them only once on disk)
+FOREIGN_CHECKPOINTS = {
+    "nvidia/Cosmos3-Nano": "a mixture-of-transformers (understanding and generation towers), not the "
+                           "CosmosTransformer3DModel the cosmos3 family runs (Cosmos-Predict2)",
+    "Lightricks/LTX-2.3": "one single-file checkpoint, not a diffusers layout; its diffusers conversion "
+                          "diffusers/LTX-2.3-Diffusers is what the ltx2 family runs",
+    "MiniMaxAI/MiniMax-H3": "MiniMax-H3, which no family of this project runs",
+    "krea/Krea-2-Raw": "Krea 2, which no family of this project runs",
+    "Qwen/Qwen-Image-2.1": "Qwen-Image 2.1, which no family of this project runs (qwen_image runs Qwen/Qwen-Image)",
+    "Wan-AI/Wan2.2-TI2V-5B-Diffusers": "Wan2.2's TI2V-5B (one expert, image conditioning), which no family of this "
+                                       "project runs (wan2_2 runs the two-expert T2V-A14B)",
+}
+
+
+def foreign_checkpoint(value: str) -> str | None:
+    """Why a hub id given to --hf-checkpoint cannot run here, or None."""
+    return FOREIGN_CHECKPOINTS.get(value.partition("@")[0])
+
+
+# Repositories whose files the Hub serves only to an account that accepted their licence, with its token
+GATED_REPOS = ("stabilityai/stable-diffusion-3.5-medium", "stabilityai/stable-diffusion-3.5-large")
+TOKEN_ENV = "HF_TOKEN"
+
+
+def gated_note(repo_id: str) -> str | None:
+    """What a gated repository needs before `hf download` can fetch it, or None."""
+    if repo_id not in GATED_REPOS:
+        return None
+    return (f"{repo_id} is gated: accept its licence at https://huggingface.co/{repo_id} with your Hugging Face "
+            f"account, then export {TOKEN_ENV} (a token of that account; or run `hf auth login` once)")
+
+
+def gated_assets_in(texts: list[str]) -> list[dict[str, str]]:
+    """The gated repositories a launch names (a hub id, a fetch command or a cache path among `texts`)."""
+    found = [r for r in GATED_REPOS if any(r in t or r.replace("/", "--") in t for t in texts)]
+    return [{"repo": r, "licence": f"https://huggingface.co/{r}", "token": TOKEN_ENV} for r in found]
 
 # flow_grpo's prompt sets (yifan123/flow_grpo, dataset/<set>/{train,test}.txt): the train and
 # test halves are disjoint, which the prompt loader checks again on every run.
@@ -140,10 +183,12 @@ def _read_ref(repo_dir: Path, revision: str) -> str | None:
         return None
 
 
-def hub_fetch_command(asset: HubAsset, cache: Path | None = None) -> str:
+def hub_fetch_command(asset: HubAsset, cache: Path | None = None, include: str | None = None) -> str:
     words = ["hf", "download", asset.repo_id, "--revision", asset.revision]
     if asset.repo_type != "model":
         words += ["--repo-type", asset.repo_type]
+    if include:
+        words += ["--include", include]
     return shlex.join(words + ["--cache-dir", str(cache or hub_cache())])
 
 
@@ -153,26 +198,35 @@ def prompt_fetch_command(item: PromptFile, dest: Path) -> str:
             f"{shlex.quote(item.url)} && mv {shlex.quote(part)} {shlex.quote(str(dest))}")
 
 
-def _missing(what: str, where: Path, command: str) -> AssetMissingError:
+def _missing(what: str, where: Path, command: str, gated: str | None = None) -> AssetMissingError:
     return AssetMissingError(
         f"{what} is not in the cache ({where}) and HF_HUB_OFFLINE=1 forbids fetching it; "
-        f"fetch it once online with: {command}"
+        f"fetch it once online with: {command}" + (f" ({gated})" if gated else "")
     )
 
 
 # ---- fetching ----
 
-def ensure_hub_asset(asset: HubAsset) -> str:
-    """The local snapshot directory of `asset`: from the cache, else fetched (resumable) into it.
-    A dry run prints the fetch command and names the path the snapshot will have."""
+def ensure_hub_asset(asset: HubAsset, include: str | None = None) -> str:
+    """The local snapshot directory of `asset`: from the cache, else fetched (resumable) into it;
+    `include` fetches only the files matching it. A dry run prints the fetch command and names the
+    path the snapshot will have."""
     cache = hub_cache()
     found = cached_snapshot(asset, cache)
-    if found is not None:
+    if found is not None and (not include or any(found.glob(include))):  # another subset may be all it holds
         return str(found)
-    command = hub_fetch_command(asset, cache)
+    command = hub_fetch_command(asset, cache, include)
+    gated = gated_note(asset.repo_id)
+    if gated and not is_dry_run() and not os.environ.get(TOKEN_ENV):
+        print(f"note: {gated}", flush=True)
     if is_offline():
-        raise _missing(f"{asset.name} ({asset.repo_id}@{asset.revision})", cache / asset.cache_folder, command)
-    exec_command(command)
+        raise _missing(f"{asset.name} ({asset.repo_id}@{asset.revision})", cache / asset.cache_folder, command,
+                       gated)
+    try:
+        exec_command(command)
+    except subprocess.CalledProcessError as err:
+        raise AssetMissingError(f"`{command}` failed (exit {err.returncode})" + (f"; {gated}" if gated else
+                                "; check the repository id and the network")) from None
     if is_dry_run():
         return str(cache / asset.cache_folder / "snapshots" / asset.revision)
     found = cached_snapshot(asset, cache)
@@ -191,9 +245,13 @@ def resolve_hf_checkpoint(value: str, marker: str = "model_index.json") -> str:
     return ensure_hub_asset(HubAsset(repo_id.split("/")[1], repo_id, revision or "main", marker=marker))
 
 
+def prompt_cache_path(item: PromptFile) -> Path:
+    return prompts_cache() / item.repo.replace("/", "--") / item.commit / item.path
+
+
 def ensure_prompt_file(item: PromptFile) -> Path:
     """The cached copy of a pinned prompt file (fetched, resumably, when missing)."""
-    dest = prompts_cache() / item.repo.replace("/", "--") / item.commit / item.path
+    dest = prompt_cache_path(item)
     if dest.is_file():
         return dest
     command = prompt_fetch_command(item, dest)
@@ -203,16 +261,26 @@ def ensure_prompt_file(item: PromptFile) -> Path:
     return dest
 
 
-def ensure_released_prompts(kind: str, data_dir: str | os.PathLike) -> tuple[str, str]:
-    """flow_grpo's train and test prompts of `kind` as JSONL files under data_dir (train, eval)."""
+def ensure_released_prompts(kind: str, data_dir: str | os.PathLike, later: bool = False) -> tuple[str, str]:
+    """flow_grpo's train and test prompts of `kind` as JSONL files under data_dir (train, eval);
+    `later`: a prompt file not cached yet is fetched once the launch's checks pass (deferred_fetches)."""
+    from miles.utils.external_utils.deferred_fetches import defer
+
     outputs = []
     for item in PROMPT_SETS[kind]:
-        source = ensure_prompt_file(item)
         out = Path(data_dir) / f"{kind}_{item.name.rsplit('-', 1)[1]}_{item.commit[:12]}.jsonl"
-        if not is_dry_run() and not out.is_file():
-            write_text_atomically(out, prompt_lines_as_jsonl(source.read_text(encoding="utf-8")))
+        if later and not out.is_file() and not prompt_cache_path(item).is_file():
+            defer(f"prompt set {item.name}", lambda item=item, out=out: _prompts_as_jsonl(item, out))
+        else:
+            _prompts_as_jsonl(item, out)
         outputs.append(str(out))
     return outputs[0], outputs[1]
+
+
+def _prompts_as_jsonl(item: PromptFile, out: Path) -> None:
+    source = ensure_prompt_file(item)
+    if not is_dry_run() and not out.is_file():
+        write_text_atomically(out, prompt_lines_as_jsonl(source.read_text(encoding="utf-8")))
 
 
 def prompt_lines_as_jsonl(text: str) -> str:
@@ -221,7 +289,8 @@ def prompt_lines_as_jsonl(text: str) -> str:
 
 
 # flags of a train argv that take a model directory, and the file a complete snapshot of it holds
-MODEL_PATH_FLAGS = {"--hf-checkpoint": "model_index.json", "--pickscore-model-path": "config.json",
+MODEL_PATH_FLAGS = {"--hf-checkpoint": "model_index.json", "--sft-encoder-checkpoint": "model_index.json",
+                    "--pickscore-model-path": "config.json",
                     "--pickscore-processor-path": "preprocessor_config.json"}
 
 

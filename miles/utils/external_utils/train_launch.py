@@ -73,7 +73,19 @@ from miles.utils.external_utils.ray_cluster import (
     visible_gpus,
     wait_for_cluster_resources,
 )
-from miles.utils.external_utils.released_assets import AssetMissingError, resolve_checkpoints_in_argv
+from miles.utils.external_utils.deferred_fetches import launching, run_deferred
+from miles.utils.external_utils.launch_checks import (
+    TrainScriptError,
+    check_before_fetch,
+    parse_train_argv,
+    resolve_train_script,
+)
+from miles.utils.external_utils.released_assets import (
+    AssetMissingError,
+    gated_assets_in,
+    resolve_checkpoints_in_argv,
+)
+from miles.utils.flag_vocabulary import FlagRefused, translate
 from miles.utils.hub_snapshots import hub_revisions_in_argv
 
 LAUNCHER_LOG = "launcher.log"  # Ray's start-up output and the launcher's own tracebacks
@@ -136,22 +148,18 @@ def execute_train(
         refuse_bad_inputs(launch, config)  # preflight: before anything is written or started
         _write_plan(launch.plan)
         phases.mark("launch_planned")
+        _print_upstream_notes(launch.plan)
         if launch.plan.memory_plan:
             print("\n".join(launch.plan.memory_plan), flush=True)
         if launch.plan.memory_plan_error:  # written to plan.json first, so the dry check can show the estimate
             raise LaunchError(f"{launch.plan.memory_plan_error} (plan: {Path(launch.plan.run_dir) / 'plan.json'})")
     except (LaunchError, LockedFlagError, ExtraEnvVarsError, LaunchModeError, ScriptOptionError,
-            AssetMissingError) as err:
+            AssetMissingError, FlagRefused, TrainScriptError) as err:
         print(f"error: {err}", file=sys.stderr, flush=True)
         raise SystemExit(2) from None
     if launch.plan.dry_run:
         _show_dry_run(launch, before_ray_job_submit)
         return
-    try:
-        _refuse_layout_this_machine_cannot_hold(launch, config)
-    except LaunchError as err:
-        print(f"error: {err}", file=sys.stderr, flush=True)
-        raise SystemExit(2) from None
     status = _run_launch(launch, config, before_ray_job_submit, cluster_wait_timeout)
     if status != 0:
         raise SystemExit(status)
@@ -162,7 +170,7 @@ def refuse_bad_inputs(launch: _Launch, config: ExecuteTrainConfig) -> None:
     is recorded beside whatever the run dir already holds and ends the launch with one line."""
     from miles.utils.external_utils import preflight
 
-    if _resolve_train_script(launch.plan.train_script) != REPO_ROOT / DEFAULT_TRAIN_SCRIPT:
+    if not resolve_train_script(launch.plan.train_script).ours:
         return  # another trainer's flags are not ours to check
     host = preflight.HostFacts(
         num_nodes=config.num_nodes, cuda_visible_devices=config.cuda_visible_devices or "",
@@ -174,6 +182,20 @@ def refuse_bad_inputs(launch: _Launch, config: ExecuteTrainConfig) -> None:
         reason = redact_text(str(err), launch.secrets)
         preflight.write_refusal(launch.plan.run_dir, reason, redact_text(shlex.join(launch.plan.argv), launch.secrets))
         raise LaunchError(reason) from None
+
+
+def _print_upstream_notes(plan: LaunchPlan) -> None:
+    """What became of miles-diffusion's flags and which gated repositories need a licence and token."""
+    from miles.utils.external_utils.released_assets import gated_note
+
+    for key, what in (("mapped", "maps onto"), ("no_counterpart", "has no counterpart here")):
+        for line in plan.upstream_flags.get(key, []):
+            print(f"note: miles-diffusion flag {line}" if key == "mapped" else f"note: {line.split(':', 1)[0]} {what}"
+                  f" ({line.split(': ', 1)[1]}); left out of the job", flush=True)
+    if "train_script" in plan.upstream_flags:
+        print(f"note: train_script {plan.upstream_flags['train_script']}", flush=True)
+    for asset in plan.gated_assets:
+        print(f"note: {gated_note(asset['repo'])}", flush=True)
 
 
 def _write_plan(plan: LaunchPlan) -> None:
@@ -199,23 +221,10 @@ def validate_train_argv(argv: list[str]):
     Returns the memory plan (miles.utils.memory_plan.MemoryPlan), built from the checkpoint's
     configs and safetensors headers or the committed table (the caller enforces it), and the
     run's --device (its job env depends on it: miles.utils.numerics.job_numerics_env)."""
-    import contextlib
-    import io
-
-    from miles.utils.arguments import parse_and_plan
     from miles.utils.memory_plan import build_memory_plan
 
-    stderr = io.StringIO()
-    try:
-        with contextlib.redirect_stderr(stderr):
-            ns, batch_plan = parse_and_plan(argv)
-            return build_memory_plan(ns, batch_plan), ns.device
-    except SystemExit:  # argparse: unknown flag or bad value; its last line is the reason
-        lines = [line for line in stderr.getvalue().splitlines() if line.strip()]
-        reason = lines[-1] if lines else "rejected by train_diffusion.py's parser"
-        raise TrainArgvError(f"{reason} (in the assembled train argv: check the recipe and --extra-args)") from None
-    except ValueError as err:  # ConfigError: a rule between flags
-        raise TrainArgvError(f"train_diffusion.py: error: {err}") from None
+    ns, batch_plan = parse_train_argv(argv)
+    return build_memory_plan(ns, batch_plan), ns.device
 
 
 def _plan_launch(
@@ -236,10 +245,16 @@ def _plan_launch(
     run_dir = str(Path(config.output_dir).resolve() / config.run_id)
     if getattr(config, "cuda_core_dump", False):  # --extra-env-vars still win
         extra_env = {**cuda_core_dump_env(run_dir), **extra_env}
+    launching()  # prepare()'s queued downloads are this launch's to run, once its checks pass
+    script = resolve_train_script(train_script)
+    vocabulary = translate(assemble_argv(run_dir, train_args, config.extra_args))  # miles-diffusion's flags
+    if script.ours:
+        check_before_fetch(vocabulary.argv, config, num_gpus_per_node, dry=dry, external=external)
+    run_deferred()  # prepare()'s downloads, once nothing that needs no asset can refuse the launch
     # a hub id given to --hf-checkpoint (in the recipe or --extra-args) becomes its cached snapshot
-    argv = resolve_checkpoints_in_argv(assemble_argv(run_dir, train_args, config.extra_args))
+    argv = resolve_checkpoints_in_argv(vocabulary.argv)
     memory, device = None, "cpu" if num_gpus_per_node == 0 else "cuda"  # another trainer: by its GPUs
-    if _resolve_train_script(train_script) == REPO_ROOT / DEFAULT_TRAIN_SCRIPT:
+    if script.ours:
         memory, device = validate_train_argv(argv)
     env_vars = build_job_env_vars(REPO_ROOT, extra_env, device=device)
     address, address_from = _job_server_address(external)
@@ -256,15 +271,18 @@ def _plan_launch(
     node_secrets = {} if external else {k: v for k, v in env_vars.items() if is_secret_name(k)}
     job = JobRequest(
         address=address or node.job_server_url,
-        entrypoint=shlex.join(["python3", str(_resolve_train_script(train_script)), *argv]),
+        entrypoint=shlex.join(["python3", str(script.path), *argv]),
         env_vars=env_vars,
         submission_id=f"miles-{config.run_id}-{token[:6]}",
         inherited=frozenset(node_secrets),
     )
     start_head = [] if node is None else [ray_start_command(node, config.cuda_visible_devices)]
     commands = [*start_head, job.display_command()]
+    prepared = [redact_text(c, secret_values(env_vars)) for c in _take_recipe_commands()]
+    upstream = vocabulary.plan_entry() | ({"train_script": script.mapped_from} if script.mapped_from else {})
     plan = LaunchPlan(
-        recipe=_recipe_name(), run_id=config.run_id, run_dir=run_dir, train_script=train_script, argv=argv,
+        recipe=_recipe_name(), run_id=config.run_id, run_dir=run_dir,
+        train_script=DEFAULT_TRAIN_SCRIPT if script.mapped_from else train_script, argv=argv,
         locked_flags=locked, runtime_env={"env_vars": redact_env(env_vars)}, num_nodes=config.num_nodes,
         num_gpus_per_node=num_gpus_per_node,
         cuda_visible_devices=config.cuda_visible_devices or os.environ.get("CUDA_VISIBLE_DEVICES"),
@@ -273,8 +291,10 @@ def _plan_launch(
              if node is None else {**node.plan_entry(), "job_server": job.address, "address_from": "own head",
                                    "auth": auth.plan_entry(), "open_to_network": open_to_network(node, auth)}),
         commands=commands,
-        prepare_commands=[redact_text(c, secret_values(env_vars)) for c in _take_recipe_commands()],
+        prepare_commands=prepared,
         hub_revisions=hub_revisions_in_argv(argv),
+        upstream_flags=upstream,
+        gated_assets=gated_assets_in([*vocabulary.argv, *prepared]),
         memory_plan=memory.lines if memory is not None else [],
         memory_plan_error=_memory_error(memory),
     )
@@ -354,28 +374,9 @@ def _head_spec(token: str, num_gpus_per_node: int, dry: bool, ray_head_port: int
 
 def _train_namespace(launch: _Launch):
     """train_diffusion.py's parsed flags of this launch (None for another train script)."""
-    if _resolve_train_script(launch.plan.train_script) != REPO_ROOT / DEFAULT_TRAIN_SCRIPT:
+    if not resolve_train_script(launch.plan.train_script).ours:
         return None
-    import contextlib
-    import io
-
-    from miles.utils.arguments import parse_and_plan
-
-    with contextlib.redirect_stderr(io.StringIO()):
-        return parse_and_plan(launch.plan.argv)[0]  # validate_train_argv accepted it already
-
-
-def _refuse_layout_this_machine_cannot_hold(launch: _Launch, config: ExecuteTrainConfig) -> None:
-    """A single-node launch on a head of our own: the cluster will be this machine as its head
-    declares it, so a layout it can never hold (a GPU recipe where there are no GPUs) is refused
-    before anything starts, by the rule the driver applies to its placement group."""
-    if launch.node is None or config.num_nodes > 1 or (ns := _train_namespace(launch)) is None:
-        return
-    verdict = layout_verdict(ns, this_machine(launch.node.num_gpus, launch.node.num_cpus))
-    if verdict.never:
-        gpus = visible_gpus(config.cuda_visible_devices)
-        raise LaunchError(f"this machine cannot run the recipe's layout: {verdict.reason} ({gpus.how}); fix: run it "
-                          f"where the resources are, or pick a smaller --scale")
+    return parse_train_argv(launch.plan.argv)[0]  # validate_train_argv accepted it already
 
 
 def _refuse_layout_the_cluster_cannot_hold(launch: _Launch) -> None:
@@ -391,11 +392,6 @@ def _refuse_layout_the_cluster_cannot_hold(launch: _Launch) -> None:
     if verdict.reason:
         print(f"note: {verdict.reason}; the job waits for them (--placement-timeout-s {ns.placement_timeout_s:g})",
               flush=True)
-
-
-def _resolve_train_script(train_script: str) -> Path:
-    path = Path(train_script)
-    return path if path.is_absolute() else REPO_ROOT / path
 
 
 def _recipe_name() -> str:

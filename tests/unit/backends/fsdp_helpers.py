@@ -92,10 +92,31 @@ def two_rank_run(rank_id: int, port: int, run_dir: str, flags: str, batch_path: 
     result["resumed_step"] = resumed.optimizer_step
     result["metrics1_resumed"] = resumed.train(batch1[0]).metrics
     result["state1_resumed"], result["optim1_resumed"] = resumed.trained_state(), rank_optimizer(resumed)
+    result["hsdp"] = hsdp_run(rank_id, out, flags, batch0)
     if rank_id == 0:
         torch.save(result, out / "result.pt")
     dist.barrier()
     dist.destroy_process_group()
+
+
+def hsdp_run(rank_id: int, out: Path, flags: str, batch) -> dict:
+    """The same rollout on a fresh rank of --dp-replicate-size 2: two replicas of one shard each
+    (the process group is the one above); every rank's weights after the step are gathered to rank 0."""
+    from miles.backends.actor import TrainRank
+
+    args, plan = fsdp_args(out / f"hsdp{rank_id}", f"{flags} --dp-replicate-size 2", 2)
+    rank = TrainRank(args, plan, rank_id, 2)
+    rank.setup()
+    result = {"placements": sorted({str(p.placements) for p in rank.params.values()}),
+              "local_is_whole": all(p.to_local().shape == p.shape for p in rank.params.values())}
+    result["metrics"] = rank.train(batch).metrics
+    from miles.backends.train_offload import resident
+
+    states = [None, None]
+    with resident(rank.offload, optimizer=False):  # offloaded between steps: its tensors are read back first
+        dist.all_gather_object(states, {n: p.detach().to_local().clone() for n, p in rank.params.items()})
+    result["local_states"], result["state"] = states, rank.trained_state()
+    return result
 
 
 def rank_optimizer(rank) -> dict[str, torch.Tensor]:
@@ -103,3 +124,4 @@ def rank_optimizer(rank) -> dict[str, torch.Tensor]:
 
     with resident(rank.offload, optimizer=True):
         return optimizer_state(rank)
+

@@ -29,7 +29,7 @@ def bit_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
     return sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_two_sharded_ranks_match_one_rank_keep_parity_exact_offload_and_resume_bit_exact(tmp_path):
+def test_two_sharded_ranks_and_two_hsdp_replicas_match_one_rank_keep_parity_exact_offload_and_resume_bit_exact(tmp_path):
     from miles.backends.actor import TrainRank
 
     args1, plan1 = tiny_args(tmp_path / "single", OFFLOAD)
@@ -67,6 +67,17 @@ def test_two_sharded_ranks_match_one_rank_keep_parity_exact_offload_and_resume_b
     # to 1e3 |g| (cancellation in backward) at fp32's 6e-8 per operation times a few hundred
     # operations per element stays below 1e-3 |g|; another gradient (another shard) differs by O(1)
     assert result["metrics0"]["train/grad_norm"] == pytest.approx(single_metrics["train/grad_norm"], rel=1e-3)
+
+    # --dp-replicate-size 2: a 2 x 1 mesh, each replica one shard of the whole weight; both replicas
+    # average every rank's gradients as the single rank does over the whole batch (the same bound),
+    # stay equal bit for bit, and count each gradient element once in the norm (the two replicas
+    # counted twice would give sqrt(2) times the single rank's)
+    hsdp = result["hsdp"]
+    assert hsdp["placements"] == ["(Replicate(), Shard(dim=0))"] and hsdp["local_is_whole"]
+    assert bit_equal(*hsdp["local_states"])
+    assert hsdp["metrics"]["train/model_output_max_abs_diff"] == 0.0
+    check_first_adamw_step(hsdp["state"], expected, start, args1.lr)
+    assert hsdp["metrics"]["train/grad_norm"] == pytest.approx(single_metrics["train/grad_norm"], rel=1e-3)
 
     # the 2-rank checkpoint on 1 rank: DCP reshards it, every saved weight back bit for bit
     args_one, plan_one = fsdp_args(tmp_path / "one", OFFLOAD, 1)

@@ -54,3 +54,14 @@ def test_tiny_pickscore_scores_the_uint8_wire_exactly_as_the_float_video():
     samples = [RewardSample(p, _video(seed=i)) for i, p in enumerate(["a red square", "a blue sky"])]
     wire = [wire_sample(Namespace(rm_type="pickscore"), s) for s in samples]
     assert score_samples_with(scorer, wire) == score_samples_with(scorer, samples)
+
+
+def test_pickscore_num_frames_sets_the_frames_pickscore_is_sent_and_reads():
+    from miles.rollout.rm_hub.pickscore import frames_scored
+
+    sample = RewardSample("a cat", _video(9))
+    wire = wire_sample(Namespace(rm_type="pickscore", pickscore_num_frames=2), sample)
+    assert wire.image.shape == (2, 3, 32, 32)
+    assert _pil_bytes(wire, 2) == _pil_bytes(sample, 2)  # the first and the last frame
+    assert frames_scored(Namespace(pickscore_num_frames=8)) == 8 and frames_scored(Namespace()) == VIDEO_FRAMES
+    assert wire_sample(Namespace(rm_type="ocr", pickscore_num_frames=2), sample).image.shape[0] == 4  # PickScore's only

@@ -66,3 +66,22 @@ def test_a_dotted_path_names_a_custom_strategy(sep):
 def test_a_custom_strategy_returning_bad_steps_is_rejected():
     with pytest.raises(ValueError, match="want distinct steps"):
         trained_steps_for_rollout(_args(diffusion_step_strategy_path=f"{__name__}:out_of_range"), 0)
+
+
+def test_sde_window_min_start_keeps_every_window_inside_the_range_and_zero_draws_as_before():
+    starts = {trained_steps_for_rollout(_args(diffusion_sde_window_min_start=3), r)[0] for r in range(200)}
+    assert starts == {3, 4}
+    # a min start of 0 is the strategy as it was: the same window for every seed
+    for rollout_id in range(50):
+        assert (trained_steps_for_rollout(_args(diffusion_sde_window_min_start=0), rollout_id)
+                == trained_steps_for_rollout(_args(), rollout_id))
+
+
+def test_epoch_global_random_choice_draws_only_the_candidate_steps():
+    args = _args(diffusion_step_strategy_path="epoch_global_random_choice", diffusion_num_sde_steps=2,
+                 diffusion_sde_candidate_steps=[1, 2, 3], diffusion_timestep_fraction=0.99)
+    picks = [tuple(trained_steps_for_rollout(args, r)) for r in range(100)]
+    assert set(picks) == {(1, 2), (1, 3), (2, 3)}  # every pair of candidates comes up, nothing else
+    without = _args(diffusion_step_strategy_path="epoch_global_random_choice", diffusion_num_sde_steps=2,
+                    diffusion_timestep_fraction=0.99)
+    assert {s for r in range(100) for s in trained_steps_for_rollout(without, r)} - {1, 2, 3}

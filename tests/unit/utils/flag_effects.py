@@ -33,7 +33,34 @@ ENG = "tests/unit/rollout/test_sampling_flag_effects.py"  # what an engine built
 PATHS = "tests/unit/backends/test_algorithm_paths.py"  # the algorithms through a real TrainRank
 REF = "tests/unit/backends/test_reference_losses.py"  # against restated reference formulas
 
+VOC = "tests/unit/utils/test_flag_vocabulary.py"  # miles-diffusion's flags by one rule
+CAP = "tests/unit/backends/test_capability_flags.py"
+WIRE = "tests/unit/ray/test_reward_wire.py"
+MAPS = f"{VOC}::test_each_mapped_name_parses_to_what_it_maps_onto"
+VALUES = f"{VOC}::test_value_mapped_names_take_the_values_that_run_here"
+REFUSALS = f"{VOC}::test_values_that_do_not_run_here_are_refused_in_one_line_naming_the_fix"
+ALWAYS = f"{VOC}::test_names_of_what_always_happens_here_parse_unchanged_and_the_plan_says_so"
+
 FLAG_TESTS = {
+    # miles-diffusion's capability flags, the same names (miles/utils/capability_flags.py)
+    "--fsdp-reduce-dtype": f"{CAP}::test_fsdp_reduce_dtype_bf16_reduces_gradients_in_bf16_and_keeps_them_in_the_param_dtype",
+    "--dp-replicate-size": f"{FSDP}::test_two_sharded_ranks_and_two_hsdp_replicas_match_one_rank_keep_parity_exact_offload_and_resume_bit_exact",
+    "--diffusion-sde-candidate-steps": f"{STEP}::test_epoch_global_random_choice_draws_only_the_candidate_steps",
+    "--diffusion-sde-window-min-start": f"{STEP}::test_sde_window_min_start_keeps_every_window_inside_the_range_and_zero_draws_as_before",
+    "--diffusion-recompute-old-log-prob": f"{CAP}::test_recomputed_old_log_probs_replace_the_engines_in_the_ppo_ratio",
+    "--rollout-patch-group": REFUSALS,
+    "--wandb-log-num-images": f"{M}::test_wandb_log_num_images_logs_that_many_samples_every_interval_rollouts",
+    "--wandb-log-image-interval": f"{M}::test_wandb_log_num_images_logs_that_many_samples_every_interval_rollouts",
+    "--pickscore-num-frames": f"{WIRE}::test_pickscore_num_frames_sets_the_frames_pickscore_is_sent_and_reads",
+    # miles-diffusion's names mapped onto ours (miles/utils/upstream_values.py)
+    "--diffusion-flow-shift": MAPS, "--fsdp-flow-shift": MAPS, "--ulysses-degree": MAPS, "--rollout-weights": MAPS,
+    "--pickscore-reward-colocate": MAPS, "--sglang-dit-precision": MAPS, "--lr-warmup-iters": MAPS,
+    "--diffusion-true-cfg-scale": VALUES, "--rollout-function-path": VALUES, "--diffusion-task": VALUES,
+    "--wandb-team": VALUES, "--sft-encoder-checkpoint": VALUES,
+    "--custom-convert-samples-to-train-data-path": REFUSALS, "--custom-rollout-log-function-path": REFUSALS,
+    "--custom-prepare-train-batch-path": REFUSALS, "--sft-frame-stride": REFUSALS, "--diffusion-fps": REFUSALS,
+    "--n-samples-per-eval-prompt": REFUSALS, "--sglang-lora-merge-mode": REFUSALS,
+    "--rollout-return-full-trajectory": ALWAYS, "--disable-wandb-random-suffix": ALWAYS,
     # miles-diffusion's names (miles/utils/public_flags.py): each parses to what the flag it names parses to
     "--diffusion-forward-dtype": f"{PUBLIC}::test_each_public_name_parses_to_what_the_flag_it_names_parses_to",
     "--fsdp-master-dtype": f"{PUBLIC}::test_each_public_name_parses_to_what_the_flag_it_names_parses_to",
@@ -60,9 +87,9 @@ FLAG_TESTS = {
     "--device": f"{POOL}::test_workers_of_a_cpu_job_ask_for_no_gpu_whatever_the_gpu_share",
     "--gpu-memory-gb": f"{MEM}::test_gpu_memory_gb_decides_the_verdict",
     "--host-memory-gb": "tests/unit/utils/test_host_plan.py::test_host_memory_gb_decides_the_verdict",
-    "--train-backend": f"{FSDP}::test_two_sharded_ranks_match_one_rank_keep_parity_exact_offload_and_resume_bit_exact",
-    "--offload-train": f"{FSDP}::test_two_sharded_ranks_match_one_rank_keep_parity_exact_offload_and_resume_bit_exact",
-    "--offload-rollout": f"{FSDP}::test_two_sharded_ranks_match_one_rank_keep_parity_exact_offload_and_resume_bit_exact",
+    "--train-backend": f"{FSDP}::test_two_sharded_ranks_and_two_hsdp_replicas_match_one_rank_keep_parity_exact_offload_and_resume_bit_exact",
+    "--offload-train": f"{FSDP}::test_two_sharded_ranks_and_two_hsdp_replicas_match_one_rank_keep_parity_exact_offload_and_resume_bit_exact",
+    "--offload-rollout": f"{FSDP}::test_two_sharded_ranks_and_two_hsdp_replicas_match_one_rank_keep_parity_exact_offload_and_resume_bit_exact",
     # batch
     "--rollout-batch-size": f"{R}::test_worked_example_of_the_design_gives_its_counts",
     "--n-samples-per-prompt": f"{R}::test_worked_example_of_the_design_gives_its_counts",

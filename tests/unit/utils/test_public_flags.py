@@ -25,7 +25,7 @@ SAME_AS = [
     (["--diffusion-negative-prompt", "blurry"], ["--negative-prompt", "blurry"]),
     (["--diffusion-device", "cuda", "--diffusion-device", "cpu"], ["--device", "cuda", "--device", "cpu"]),
     (["--diffusion-sde-window-size", "2", "--diffusion-sde-window-range", "0,3"],
-     ["--diffusion-num-sde-steps", "2", "--diffusion-sde-window-max-start", "2"]),
+     ["--diffusion-num-sde-steps", "2", "--diffusion-sde-window-max-start", "1"]),
     (["--diffusion-sde-window-size", "2", "--diffusion-sde-window-size", "0"], ["--diffusion-num-sde-steps", "2", "--diffusion-num-sde-steps", "4", "--diffusion-num-sde-steps", "10"]),
     (["--colocate", "--offload"], ["--colocate", "--offload-train", "--offload-rollout"]),
 ]

@@ -131,3 +131,28 @@ def test_wandb_offline_mirrors_the_metrics(tmp_path):
     assert len(runs) == 1 and list(runs[0].glob("*.wandb"))
     # the offline record is wandb's binary log; the logged key must be in it
     assert b"train/loss" in next(runs[0].glob("*.wandb")).read_bytes()
+
+
+class _WandbRun:
+    """Stands in for a wandb run: what `log` was given, by step."""
+
+    def __init__(self):
+        self.logged: list[tuple[int, dict]] = []
+
+    def log(self, data, step):
+        self.logged.append((step, data))
+
+
+def test_wandb_log_num_images_logs_that_many_samples_every_interval_rollouts(tmp_path):
+    import torch
+
+    run = _WandbRun()
+    logger = MetricsLogger(tmp_path, deterministic=False, wandb_run=run)
+    images = [torch.full((3, 8, 8), i / 10) for i in range(5)]
+    captions = [(f"prompt {i}", 0.1 * i) for i in range(5)]
+    counts = [logger.log_images(r, images, captions, count=3, interval=2) for r in range(4)]
+    assert counts == [3, 0, 3, 0] and [step for step, _ in run.logged] == [0, 2]
+    shown = run.logged[0][1]["rollout/samples"]
+    assert len(shown) == 3 and "prompt 2" in shown[2]._caption
+    assert logger.log_images(0, images, captions, count=0, interval=1) == 0  # the default: none
+    assert MetricsLogger(tmp_path / "w", deterministic=False).log_images(0, images, None, count=3, interval=1) == 0

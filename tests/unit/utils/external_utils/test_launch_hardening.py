@@ -77,7 +77,9 @@ def test_external_address_without_a_job_server_url_exits_2_naming_the_variable(o
 def test_unreachable_external_cluster_is_one_line_within_seconds(out):
     port = free_ports(1)[0]
     # a train script of its own: the example's text-file assets would be refused by the preflight first
-    result = _launch(out, "--train-script", str(out / "never_runs.py"), dry=False, MILES_SCRIPT_ENABLE_RAY_SUBMIT="1",
+    never_runs = out.parent / "never_runs.py"
+    never_runs.write_text("raise SystemExit('submitted to a cluster that cannot be reached')\n")
+    result = _launch(out, "--train-script", str(never_runs), dry=False, MILES_SCRIPT_ENABLE_RAY_SUBMIT="1",
                      MILES_SCRIPT_EXTERNAL_RAY="1", MILES_SCRIPT_RAY_ADDRESS=f"http://127.0.0.1:{port}",
                      RAY_ADDRESS="http://127.0.0.1:2")
     assert result.returncode == 2, result.stderr

@@ -80,6 +80,7 @@ def test_full_train_resumes_at_the_step_after_the_last_completed_one(tmp_path):
     assert sentinel_path(state, "prepare-checkpoint").exists()
 
     # a train script of its own: the preflight would refuse the example's text-file checkpoint
+    (tmp_path / "never_runs.py").write_text("raise SystemExit('a dry run runs no train script')\n")
     rerun = _recipe("full-train", "--output-dir", out, "--train-script", str(tmp_path / "never_runs.py"), dry=True)
     assert rerun.returncode == 0, rerun.stderr
     assert "step prepare-data already done" in rerun.stdout

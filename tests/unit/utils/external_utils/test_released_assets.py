@@ -143,12 +143,12 @@ def test_a_hub_id_given_to_hf_checkpoint_becomes_its_snapshot_and_a_directory_is
     assert out[4].startswith("--hf-checkpoint=") and out[4].endswith(f"models--org--other/snapshots/{SHA}")
 
 
-def launch_full_scale(recipe: str, tmp_path: Path, env: dict[str, str]) -> list[str]:
-    """A real (not dry) launch of `recipe` at its default scale, full, expected to stop in
-    prepare(): its stderr lines, after checking it exited 2 with one line and planned nothing."""
+def launch_full_scale(recipe: str, tmp_path: Path, env: dict[str, str], *options: str) -> list[str]:
+    """A real (not dry) launch of `recipe` at its default scale, full, expected to stop before it is
+    planned: its stderr lines, after checking it exited 2 with one line and planned nothing."""
     out = tmp_path / "out"
     result = subprocess.run([sys.executable, str(REPO / "scripts" / recipe), "--output-dir", str(out),
-                             "--model-dir", str(tmp_path / "models"), "--data-dir", str(tmp_path / "data")],
+                             "--model-dir", str(tmp_path / "models"), "--data-dir", str(tmp_path / "data"), *options],
                             env={**env, "MILES_SCRIPT_ENABLE_RAY_SUBMIT": "1"}, capture_output=True, text=True,
                             timeout=60)
     lines = result.stderr.strip().splitlines()
@@ -159,10 +159,39 @@ def launch_full_scale(recipe: str, tmp_path: Path, env: dict[str, str]) -> list[
 
 
 def test_a_real_full_scale_launch_offline_with_an_empty_cache_stops_with_one_line_before_anything_starts(tmp_path):
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("MILES_SCRIPT_", "HF_", "WANDB_"))}
-    env.update({"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "empty-cache")})
+    """Into an existing cluster (whose GPUs the launcher does not check on this host) every check
+    that needs no asset passes, and the first missing asset is the one line."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MILES_SCRIPT_", "HF_", "WANDB_", "RAY_"))}
+    env.update({"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "empty-cache"), "MILES_SCRIPT_EXTERNAL_RAY": "1",
+                "MILES_SCRIPT_RAY_ADDRESS": "http://127.0.0.1:1"})
     [line] = launch_full_scale("run_diffusion_nft_sd3_pickscore.py", tmp_path, env)
     assert str(tmp_path / "empty-cache") in line and "fetch it" in line
+    assert not (tmp_path / "empty-cache").exists()  # nothing was fetched
+
+
+def test_a_gated_checkpoint_offline_names_its_licence_page_and_hf_token(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(R.AssetMissingError) as refused:
+        R.ensure_hub_asset(R.RELEASED_CHECKPOINTS["stable-diffusion-3.5-medium"])
+    assert "accept its licence at https://huggingface.co/stabilityai/stable-diffusion-3.5-medium" in str(refused.value)
+    assert "HF_TOKEN" in str(refused.value) and "\n" not in str(refused.value)
+    with pytest.raises(R.AssetMissingError) as ungated:
+        R.ensure_hub_asset(R.RELEASED_CHECKPOINTS["Qwen-Image"])
+    assert "licence" not in str(ungated.value)
+    assert R.gated_assets_in(["hf download stabilityai/stable-diffusion-3.5-medium --revision main", "Qwen/Qwen-Image"]) == [
+        {"repo": "stabilityai/stable-diffusion-3.5-medium",
+         "licence": "https://huggingface.co/stabilityai/stable-diffusion-3.5-medium", "token": "HF_TOKEN"}]
+
+
+@pytest.mark.parametrize("recipe", ["run_diffusion_nft_sd3_pickscore.py", "run_diffusion_grpo_wan22_pickscore_5gpu.py"])
+def test_a_full_scale_launch_offline_with_an_empty_cache_names_a_bad_load_first(tmp_path, recipe):
+    """Every check that needs no asset (here --load) runs before prepare()'s downloads."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MILES_SCRIPT_", "HF_", "WANDB_"))}
+    env.update({"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "empty-cache")})
+    [line] = launch_full_scale(recipe, tmp_path, env, "--extra-args", f"--load {tmp_path / 'no-such-run'}")
+    assert line.startswith(f"error: --load {tmp_path / 'no-such-run'}"), line
+    assert not (tmp_path / "empty-cache").exists()
 
 
 def test_the_plan_records_the_commit_a_hub_id_at_main_resolved_to(stand_ins, tmp_path):
@@ -170,8 +199,9 @@ def test_the_plan_records_the_commit_a_hub_id_at_main_resolved_to(stand_ins, tmp
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MILES_SCRIPT_", "WANDB_"))}
     env.update({"MILES_SCRIPT_ENABLE_RAY_SUBMIT": "0", "HF_HUB_OFFLINE": "1"})  # from the cache alone
     out = tmp_path / "out"
+    (tmp_path / "tiny_train.py").write_text("raise SystemExit('a dry run runs no train script')\n")
     result = subprocess.run([sys.executable, str(REPO / "tests/unit/utils/external_utils/example_recipe.py"), "train",
-                             "--output-dir", str(out), "--run-id", "r1", "--train-script", "tiny_train.py",
+                             "--output-dir", str(out), "--run-id", "r1", "--train-script", str(tmp_path / "tiny_train.py"),
                              "--extra-args", "--hf-checkpoint org/model"],
                             env=env, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
@@ -246,3 +276,15 @@ def test_a_folder_of_that_name_under_model_dir_is_the_users_own_and_is_not_refus
     (tmp_path / "LTX-2.3").mkdir()
     refuse_unrunnable_release("ltx", "LTX-2.3", tmp_path)  # left to the preflight, which reads its config
     refuse_unrunnable_release("wan2_2", "Wan2.2-T2V-A14B-Diffusers", tmp_path / "nowhere")
+
+
+def test_a_prepare_step_that_launches_nothing_still_fetches_as_it_ends(tmp_path):
+    """Deferred downloads wait for a launch's checks; a process that launches nothing runs them at exit."""
+    script = tmp_path / "prepare_only.py"
+    script.write_text(
+        "from miles.utils.external_utils.deferred_fetches import defer\n"
+        f"defer('a file', lambda: open({str(tmp_path / 'fetched')!r}, 'w').write('x'))\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MILES_SCRIPT_")}
+    result = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "fetched").read_text() == "x"
