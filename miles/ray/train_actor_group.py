@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ray
 
-from miles.backends.actor import TrainRank, torch_dtype
+from miles.backends.actor import TrainRank
 from miles.backends.lora import LoraSpec
 from miles.backends.train_offload import resident
 from miles.backends.collectives import host_store
@@ -35,7 +35,7 @@ class TrainActor(TrainRank):
 
     def weight_bucket_plan(self, buffer_bytes: int) -> BucketPlan:
         with resident(self.offload, optimizer=False, synced_only=True):  # the plan reads shapes and dtypes
-            return plan_buckets(self.synced_tensors(), torch_dtype(self.args.rollout_dtype), buffer_bytes)
+            return plan_buckets(self.synced_tensors(), self.wire_rule(), buffer_bytes)
 
     def join_weight_sync(self, address: SyncGroupAddress, plan: BucketPlan) -> None:
         self.bucket_plan = plan
