@@ -535,6 +535,18 @@ class TrainRank:
                                           to_host=lambda t: fsdp.full_tensor(t).to("cpu", copy=True),
                                           wire=self.wire_rule())
 
+    def weight_digests(self) -> dict[str, str]:
+        """Each transformer tensor's dtype and checksum as the train forward computes with it (the
+        compute copy; fsdp: the master gathered, in the dtype the rule gathers it in; a collective)."""
+        from miles.models.precision import weight_digests
+
+        with resident(self.offload, optimizer=False):
+            if not self.sharded:
+                return weight_digests(self.fmodel.transformers)
+            rule = self.wire_rule()
+            return weight_digests(self.model.transformers,
+                                  lambda c, n, t: fsdp.full_tensor(t.detach()).to(rule(c, n, t.dtype)))
+
     def wire_rule(self):
         """What each synced tensor travels in: the dtype the engine holds it in (miles.models.precision)."""
         return wire_rule(self.model.transformers, torch_dtype(self.args.compute_dtype))

@@ -80,3 +80,25 @@ def cast_to_rule(module: torch.nn.Module, compute: torch.dtype, keep: tuple[str,
 def wire_dtype(keep: tuple[str, ...], name: str, dtype: torch.dtype, compute: torch.dtype) -> torch.dtype:
     """What a push sends tensor `name` (held by the sender in `dtype`) in: the engine's held dtype."""
     return held_dtype(keep, name, PARAMETER, torch.float32 if dtype.is_floating_point else dtype, compute)
+
+
+def weight_digests(modules: dict[str, torch.nn.Module], held=None) -> dict[str, str]:
+    """`<component>.<name>` -> "<dtype>:<crc32 of its bytes>" for every parameter and buffer, as held
+    (`held(component, name, tensor)` gives the tensor a side computes with, default the tensor
+    itself): two sides' digests differ exactly where a tensor's dtype or value does."""
+    import zlib
+
+    out = {}
+    for component, module in modules.items():
+        for name, t in [*module.named_parameters(), *module.named_buffers()]:
+            name = name.replace("base_model.model.", "")
+            t = t.detach() if held is None else held(component, name, t)
+            data = t.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes()
+            out[f"{component}.{name}"] = f"{str(t.dtype).removeprefix('torch.')}:{zlib.crc32(data):08x}"
+    return out
+
+
+def differing(first: dict[str, str], second: dict[str, str]) -> list[str]:
+    """The tensor names whose digests differ (or that one side lacks), each with both digests."""
+    return [f"{n} ({first.get(n, 'absent')} vs {second.get(n, 'absent')})"
+            for n in sorted(set(first) | set(second)) if first.get(n) != second.get(n)]

@@ -150,6 +150,11 @@ class TrainActorGroup:
         states = self._get([a.trained_state.remote() for a in actors], "trained_state", actors)
         return states[rank] if self.sharded else states[0]
 
+    def weight_digests(self) -> dict[str, str]:
+        """Rank 0's compute-side digests (fsdp: every rank gathers)."""
+        actors = self.actors if self.sharded else self.actors[:1]
+        return self._get([a.weight_digests.remote() for a in actors], "weight_digests", actors)[0]
+
     def shutdown(self) -> None:
         faults.WATCH.forget(self.actors)
         for actor in self.actors:
