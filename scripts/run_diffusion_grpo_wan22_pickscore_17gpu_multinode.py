@@ -100,6 +100,10 @@ _SCALES: dict[str, _Scale] = {
         rm_num_workers=1, num_prompts=16, num_rollout=2,
     ),
 }
+# the GPU case's settings on CPU slots at the CPU proxy's size (issue 39: all but the device)
+_SCALES["cpu-rehearsal"] = U.rehearsal_scale(_SCALES["cpu-proxy"], _SCALES["gpu-proxy"])
+# the full run's train backend (FSDP2 over the ranks, both sides offloaded) on CPU slots
+_SCALES["cpu-rehearsal-fsdp"] = U.rehearsal_scale(_SCALES["cpu-proxy"], _SCALES["full"])
 
 
 @dataclass
@@ -109,7 +113,7 @@ class ScriptArgs(U.ScaledRecipeArgs):
         metadata={"help": "Nodes the job spans; unset: 3 at --scale full (2 train nodes of 8 GPUs + the reward "
                           "node), 1 for the proxies (the reward GPU on the train node)."},
     )
-    scale: Literal["full", "gpu-proxy", "cpu-proxy"] = U.scale_option(
+    scale: Literal["full", "gpu-proxy", "cpu-proxy", "cpu-rehearsal", "cpu-rehearsal-fsdp"] = U.scale_option(
         "full: Wan2.2 A14B on 2 nodes x 8 GPUs + 1 reward GPU; gpu-proxy: our proxy-size wan2_2 "
         "on one node of 4 GPUs (the CI proxy); cpu-proxy: our tiny wan2_2 on CPU slots.")
     num_rollout: Optional[int] = U.num_rollout_option(_SCALES)
@@ -188,7 +192,7 @@ def execute(args: ScriptArgs, assets: U.Assets) -> None:
 
     # one pair per forward: one expert
     # one pair per forward; the engines sample one sample at a time, so each train forward is one they ran
-    perf_args = U.flat_micro_batch_args(1) + "--rollout-microgroup-size 1 " + U.gradient_checkpointing_args(scale.device)
+    perf_args = U.flat_micro_batch_args(1) + "--rollout-microgroup-size 1 " + U.gradient_checkpointing_args(scale)
 
     job.execute_train(rollout_args=rollout_args, grpo_args=grpo_args, optimizer_args=optimizer_args,
                       lora_args=lora_args, train_backend_args=train_backend_args, perf_args=perf_args)

@@ -93,7 +93,8 @@ def weight_digests(modules: dict[str, torch.nn.Module], held=None) -> dict[str, 
         for name, t in [*module.named_parameters(), *module.named_buffers()]:
             name = name.replace("base_model.model.", "")
             t = t.detach() if held is None else held(component, name, t)
-            data = t.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes()
+            # a copy: numpy holding the tensor's own storage would pin it (offload resizes storages to 0)
+            data = t.detach().cpu().contiguous().view(-1).view(torch.uint8).clone().numpy().tobytes()
             out[f"{component}.{name}"] = f"{str(t.dtype).removeprefix('torch.')}:{zlib.crc32(data):08x}"
     return out
 
