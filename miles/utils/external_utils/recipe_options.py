@@ -123,7 +123,7 @@ def rehearsal_scale(cpu_row: Scale, gpu_row: Scale, **changes: Any) -> Scale:
     the device: its dtypes (bfloat16 over float32 masters), gradient checkpointing, its train backend
     (FSDP2 and offload where it shards); `changes` for a row that rehearses another GPU scale's backend.
     The micro-batch tile stays the CPU proxy's: a GPU tile needs that many samples per optimizer step
-    and rank, 2-4x the proxy's samples (tests/e2e/test_dry.py lists where the two differ)."""
+    and rank, 2-4x the proxy's samples (tests/e2e/test_dry_rehearsal.py lists where the two differ)."""
     return dataclasses.replace(cpu_row, kind=CPU_REHEARSAL, sharded=gpu_row.sharded, **changes)
 
 
