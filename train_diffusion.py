@@ -94,7 +94,7 @@ def train(args: Namespace, plan: BatchPlan) -> int:
     import torch
 
     from miles.backends import checkpoint as ckpt
-    from miles.ray import faults
+    from miles.ray import faults, parity_drift
     from miles.utils import checkpoint_identity as identity
     from miles.utils.run_logging import MetricsLogger, Progress, init_wandb, log, plot_curves, save_image_grid, write_run_json
     from miles.backends.sft import SFTSource
@@ -162,6 +162,7 @@ def train(args: Namespace, plan: BatchPlan) -> int:
             metrics.update(as_before_train(rollout.evaluate(rollout_id)))
         batch, generated = rollout.generate(rollout_id)
         metrics.update(generated)
+        before = parity_drift.digests_before_training(args.stop_on_parity_drift and not sft, trainer, rollout)
         if trainer is not None:
             metrics.update(trainer.train(batch)[0].metrics)
             del batch  # the last reference: the rollout's samples are freed where the engines keep them
@@ -175,6 +176,7 @@ def train(args: Namespace, plan: BatchPlan) -> int:
                           count=args.wandb_log_num_images, interval=args.wandb_log_image_interval)
         logger.log(rollout_id, metrics)
         log(progress.line(rollout_id, metrics, metrics["perf/step_time"]))
+        parity_drift.stop_on_drift(before, metrics, rollout_id)  # logged first: the record shows the reading
         last = rollout_id == end_id - 1
         if args.save and trainer is not None and (last or (args.save_interval and (rollout_id + 1) % args.save_interval == 0)):
             staging = ckpt.staging_dir(args.save, rollout_id)

@@ -103,7 +103,7 @@ def collect_cases(tests_path: str, workdir: Path) -> list[Case]:
     with tempfile.TemporaryDirectory(prefix="miles-ci-") as tmp:
         out = Path(tmp) / "cases.json"
         cmd = [sys.executable, "-m", "pytest", tests_path, "--collect-only", "-q",
-               "-p", "no:cacheprovider", "--miles-cases-json", str(out)]
+               "-p", "no:cacheprovider", "--miles-rehearsal", "--miles-cases-json", str(out)]
         proc = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True)
         if proc.returncode not in (0, 1) or not out.exists():
             tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-30:])

@@ -64,11 +64,13 @@ _SCALES: dict[str, _Scale] = {  # PickScore workers beside the engines, on a sli
         num_rollout=2,
     ),
 }
+# the GPU case's settings on CPU slots at the CPU proxy's size (issue 39: all but the device)
+_SCALES["cpu-rehearsal"] = U.rehearsal_scale(_SCALES["cpu-proxy"], _SCALES["gpu-proxy"])
 
 
 @dataclass
 class ScriptArgs(U.ScaledRecipeArgs):
-    scale: Literal["full", "gpu-proxy", "cpu-proxy"] = U.scale_option(
+    scale: Literal["full", "gpu-proxy", "cpu-proxy", "cpu-rehearsal"] = U.scale_option(
         "full: Cosmos and PickScore on 4 GPUs; gpu-proxy: our proxy-size cosmos3 and a tiny CLIP "
         "on the same GPUs; cpu-proxy: our tiny cosmos3 on CPU slots.")
     num_rollout: Optional[int] = U.num_rollout_option(_SCALES)
@@ -97,7 +99,7 @@ def execute(args: ScriptArgs, assets: U.Assets) -> None:
 
     # the engines sample in microgroups of the tile, so each train forward is one the engines ran
     perf_args = (U.tile_args(scale.tile_samples) + f"--rollout-microgroup-size {scale.tile_samples} "
-                 + U.gradient_checkpointing_args(scale.device))
+                 + U.gradient_checkpointing_args(scale))
 
     job.execute_train(rollout_args=rollout_args, grpo_args=grpo_args, optimizer_args=optimizer_args,
                       lora_args=lora_args, perf_args=perf_args)

@@ -99,11 +99,13 @@ _SCALES: dict[str, _Scale] = {
         n_samples_per_prompt=4, tile_samples=2, reward_gpus=0, rm_num_workers=1, num_prompts=16, num_rollout=2,
     ),
 }
+# the GPU case's settings on CPU slots at the CPU proxy's size (issue 39: all but the device)
+_SCALES["cpu-rehearsal"] = U.rehearsal_scale(_SCALES["cpu-proxy"], _SCALES["gpu-proxy"])
 
 
 @dataclass
 class ScriptArgs(U.ScaledRecipeArgs):
-    scale: Literal["full", "gpu-proxy", "1gpu-proxy", "cpu-proxy"] = U.scale_option(
+    scale: Literal["full", "gpu-proxy", "1gpu-proxy", "cpu-proxy", "cpu-rehearsal"] = U.scale_option(
         "full: Qwen-Image and PickScore on 5 GPUs; gpu-proxy: our proxy-size qwen_image and a "
         "tiny CLIP on the same GPUs; 1gpu-proxy: the same on one GPU; "
         "cpu-proxy: our tiny qwen_image on CPU slots.")
@@ -136,7 +138,7 @@ def execute(args: ScriptArgs, assets: U.Assets) -> None:
 
     # the engines sample in microgroups of the tile, so each train forward is one the engines ran
     perf_args = (U.tile_args(scale.tile_samples) + f"--rollout-microgroup-size {scale.tile_samples} "
-                 + U.gradient_checkpointing_args(scale.device))
+                 + U.gradient_checkpointing_args(scale))
 
     job.execute_train(rollout_args=rollout_args, grpo_args=grpo_args, optimizer_args=optimizer_args,
                       lora_args=lora_args, perf_args=perf_args)

@@ -79,6 +79,8 @@ _SCALES: dict[str, _Scale] = {  # the OCR reward workers are CPU actors at every
         n_samples_per_prompt=4, tile_samples=2, rm_num_workers=1, num_prompts=16, num_rollout=2,
     ),
 }
+# the GPU case's settings on CPU slots at the CPU proxy's size (issue 39: all but the device)
+_SCALES["cpu-rehearsal"] = U.rehearsal_scale(_SCALES["cpu-proxy"], _SCALES["gpu-proxy"])
 
 
 @dataclass
@@ -87,7 +89,7 @@ class ScriptArgs(U.ScaledRecipeArgs):
         default="sd3.5-medium",
         metadata={"help": "SD3.5 variant: its released checkpoint (--scale full), guidance, LoRA rank and LR."},
     )
-    scale: Literal["full", "gpu-proxy", "cpu-proxy"] = U.scale_option(
+    scale: Literal["full", "gpu-proxy", "cpu-proxy", "cpu-rehearsal"] = U.scale_option(
         "full: the released checkpoint on 2 GPUs; gpu-proxy: our proxy-size sd3 on the same "
         "GPUs; cpu-proxy: our tiny sd3 on CPU slots, two rollouts in about a minute.")
     num_rollout: Optional[int] = U.num_rollout_option(_SCALES)
@@ -127,7 +129,7 @@ def execute(args: ScriptArgs, assets: U.Assets) -> None:
 
     # the engines sample in microgroups of the tile, so each train forward is one the engines ran
     perf_args = (U.tile_args(scale.tile_samples) + f"--rollout-microgroup-size {scale.tile_samples} "
-                 + U.gradient_checkpointing_args(scale.device))
+                 + U.gradient_checkpointing_args(scale))
 
     job.execute_train(rollout_args=rollout_args, grpo_args=grpo_args, optimizer_args=optimizer_args,
                       lora_args=lora_args, reward_args=reward_args, perf_args=perf_args)

@@ -50,6 +50,11 @@ class ScriptArgs(U.ExecuteTrainConfig):
         default="cpu",
         metadata={"help": "cpu: CPU slots, float32; cuda: one GPU per train rank, bfloat16 compute and rollout."},
     )
+    rehearsal: bool = field(
+        default=False,
+        metadata={"help": "With --device cpu: the cuda layout's settings (bfloat16 compute and rollout) on CPU "
+                          "slots, the GPU case's rehearsal."},
+    )
     seed: int = field(
         default=1234, metadata={"help": "Seed of the trainer (--seed) and of the rollouts (--rollout-seed)."}
     )
@@ -93,7 +98,11 @@ def execute(args: ScriptArgs, assets: U.Assets) -> None:
 
     engine_args = U.engine_args(args.train_ranks)
 
-    dtype = "bfloat16" if args.device == "cuda" else "float32"  # master weights stay float32
+    if args.rehearsal and args.device != "cpu":
+        raise SystemExit("error: --rehearsal rehearses the cuda layout on CPU slots; fix: drop --rehearsal or use "
+                         "--device cpu")
+    gpu_settings = args.device == "cuda" or args.rehearsal
+    dtype = "bfloat16" if gpu_settings else "float32"  # master weights stay float32
     train_backend_args = U.train_backend_args(dtype, update_weights="")
 
     perf_args = U.tile_args(8)

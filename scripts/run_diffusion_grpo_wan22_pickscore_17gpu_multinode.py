@@ -94,12 +94,22 @@ _SCALES: dict[str, _Scale] = {
         frames=9, num_steps=10, sde_window_max_start=8, rollout_batch_size=3, n_samples_per_prompt=4,
         rm_num_workers=4, num_prompts=64, num_rollout=4,
     ),
+    # the GPU check's Wan2.2 full fine-tune (ci/gpu_check.sh): rank, engine and PickScore share one GPU
+    "1gpu-proxy": _Scale(
+        U.GPU_PROXY, num_nodes=1, train_gpus_per_node=1, reward_gpus=0.25, colocate_reward=True, reward_node=False,
+        height=256, width=256, frames=9, num_steps=10, sde_window_max_start=8, rollout_batch_size=2,
+        n_samples_per_prompt=4, rm_num_workers=1, num_prompts=64, num_rollout=2,
+    ),
     "cpu-proxy": _Scale(
         U.CPU_PROXY, num_nodes=1, train_gpus_per_node=2, reward_gpus=0, reward_node=False, height=64, width=64,
         frames=5, num_steps=6, sde_window_max_start=4, rollout_batch_size=2, n_samples_per_prompt=4,
         rm_num_workers=1, num_prompts=16, num_rollout=2,
     ),
 }
+# the GPU case's settings on CPU slots at the CPU proxy's size (issue 39: all but the device)
+_SCALES["cpu-rehearsal"] = U.rehearsal_scale(_SCALES["cpu-proxy"], _SCALES["gpu-proxy"])
+# the full run's train backend (FSDP2 over the ranks, both sides offloaded) on CPU slots
+_SCALES["cpu-rehearsal-fsdp"] = U.rehearsal_scale(_SCALES["cpu-proxy"], _SCALES["full"])
 
 
 @dataclass
@@ -109,9 +119,10 @@ class ScriptArgs(U.ScaledRecipeArgs):
         metadata={"help": "Nodes the job spans; unset: 3 at --scale full (2 train nodes of 8 GPUs + the reward "
                           "node), 1 for the proxies (the reward GPU on the train node)."},
     )
-    scale: Literal["full", "gpu-proxy", "cpu-proxy"] = U.scale_option(
+    scale: Literal["full", "gpu-proxy", "1gpu-proxy", "cpu-proxy", "cpu-rehearsal", "cpu-rehearsal-fsdp"] = U.scale_option(
         "full: Wan2.2 A14B on 2 nodes x 8 GPUs + 1 reward GPU; gpu-proxy: our proxy-size wan2_2 "
-        "on one node of 4 GPUs (the CI proxy); cpu-proxy: our tiny wan2_2 on CPU slots.")
+        "on one node of 4 GPUs (the CI proxy); 1gpu-proxy: the same on one GPU (the GPU check); cpu-proxy: our "
+        "tiny wan2_2 on CPU slots; cpu-rehearsal(-fsdp): the GPU proxy's (the full run's) settings on CPU slots.")
     num_rollout: Optional[int] = U.num_rollout_option(_SCALES)
     head_port: int = field(
         default=6379,
@@ -152,8 +163,9 @@ def execute(args: ScriptArgs, assets: U.Assets) -> None:
     if train_nodes < 1:
         raise SystemExit(f"error: --num-nodes {job_nodes} leaves no train node: --scale {args.scale} puts the "
                          f"reward GPU on a node of its own; give at least 2")
-    gpus_per_node = scale.train_gpus_per_node + (0 if scale.reward_node else scale.reward_gpus)
-    total_gpus = train_nodes * scale.train_gpus_per_node + scale.reward_gpus
+    reward_gpus = scale.separate_reward_gpus  # none beyond the train GPUs when the reward shares them
+    gpus_per_node = scale.train_gpus_per_node + (0 if scale.reward_node else reward_gpus)
+    total_gpus = train_nodes * scale.train_gpus_per_node + reward_gpus
 
     def wait_for_every_node(cluster: U.ClusterInfo) -> None:
         """Submit only once the train nodes and the reward GPU have all joined."""
@@ -188,7 +200,7 @@ def execute(args: ScriptArgs, assets: U.Assets) -> None:
 
     # one pair per forward: one expert
     # one pair per forward; the engines sample one sample at a time, so each train forward is one they ran
-    perf_args = U.flat_micro_batch_args(1) + "--rollout-microgroup-size 1 " + U.gradient_checkpointing_args(scale.device)
+    perf_args = U.flat_micro_batch_args(1) + "--rollout-microgroup-size 1 " + U.gradient_checkpointing_args(scale)
 
     job.execute_train(rollout_args=rollout_args, grpo_args=grpo_args, optimizer_args=optimizer_args,
                       lora_args=lora_args, train_backend_args=train_backend_args, perf_args=perf_args)

@@ -76,11 +76,13 @@ _SCALES: dict[str, _Scale] = {
         num_rollout=2,
     ),
 }
+# the GPU case's settings on CPU slots at the CPU proxy's size (issue 39: all but the device)
+_SCALES["cpu-rehearsal"] = U.rehearsal_scale(_SCALES["cpu-proxy"], _SCALES["gpu-proxy"])
 
 
 @dataclass
 class ScriptArgs(U.ScaledRecipeArgs):
-    scale: Literal["full", "gpu-proxy", "1gpu-proxy", "cpu-proxy"] = U.scale_option(
+    scale: Literal["full", "gpu-proxy", "1gpu-proxy", "cpu-proxy", "cpu-rehearsal"] = U.scale_option(
         "full: Wan2.2 A14B and PickScore on 5 GPUs; gpu-proxy: our proxy-size wan2_2 and a tiny CLIP on the same "
         "GPUs; cpu-proxy: our tiny wan2_2 on CPU slots.")
     num_rollout: Optional[int] = U.num_rollout_option(_SCALES)
@@ -112,7 +114,7 @@ def execute(args: ScriptArgs, assets: U.Assets) -> None:
 
     # 2 samples x 1 timestep per forward, always on one expert; the engines sample in microgroups of
     # those 2 samples, so each train forward is one the engines ran
-    perf_args = U.tile_args(2) + "--rollout-microgroup-size 2 " + U.gradient_checkpointing_args(scale.device)
+    perf_args = U.tile_args(2) + "--rollout-microgroup-size 2 " + U.gradient_checkpointing_args(scale)
 
     job.execute_train(rollout_args=rollout_args, grpo_args=grpo_args, optimizer_args=optimizer_args,
                       lora_args=lora_args, perf_args=perf_args)

@@ -73,11 +73,13 @@ _SCALES: dict[str, _Scale] = {
         tile_items=2, num_items=16, num_rollout=2, lr="3e-3", lr_warmup_steps=0,
     ),
 }
+# the GPU case's settings on CPU slots at the CPU proxy's size (issue 39: all but the device)
+_SCALES["cpu-rehearsal"] = U.rehearsal_scale(_SCALES["cpu-proxy"], _SCALES["gpu-proxy"])
 
 
 @dataclass
 class ScriptArgs(U.ScaledRecipeArgs):
-    scale: Literal["full", "gpu-proxy", "cpu-proxy"] = U.scale_option(
+    scale: Literal["full", "gpu-proxy", "cpu-proxy", "cpu-rehearsal"] = U.scale_option(
         "full: Wan2.2 A14B on 4 GPUs; gpu-proxy: our proxy-size wan2_2 on the same GPUs; "
         "cpu-proxy: our tiny wan2_2 on CPU slots, two steps in about a minute.")
     num_rollout: Optional[int] = U.num_rollout_option(
@@ -138,7 +140,7 @@ def execute(args: ScriptArgs, assets: U.Assets) -> None:
                                                 sharded=scale.sharded)
 
     # one timestep per forward: every forward is on one expert
-    perf_args = U.tile_args(scale.tile_items) + U.gradient_checkpointing_args(scale.device)
+    perf_args = U.tile_args(scale.tile_items) + U.gradient_checkpointing_args(scale)
 
     misc_args = (
         U.gpu_layout_args(scale.device, GPU_MEMORY_GB, train_gpus=scale.train_ranks, gpus_per_node=scale.train_ranks)

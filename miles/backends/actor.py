@@ -53,7 +53,7 @@ from miles.backends.optimizer import build_optimizer, clip_gradients, decay_step
 from miles.backends.train_offload import TrainOffload, resident
 from miles.backends.sft import SFTBatch, SFTRankStep
 from miles.backends.types import RolloutBatch, TrainResult
-from miles.backends.weight_sync import WeightUpdate, collect_weight_updates, sync_components, synced_tensors
+from miles.backends.weight_sync import WeightUpdate, collect_weight_updates, sync_components, synced_tensors, wire_rule
 from miles.utils import phases
 from miles.rollout.sampler import expert_phases
 from miles.rollout.sde import largest_sigma_below_one, sde_step_on_host
@@ -531,9 +531,25 @@ class TrainRank:
             if not self.sharded:
                 with self._rollout_policy_weights():  # --ema-rollout-policy ema: the engines sample the old policy
                     return collect_weight_updates(self.fmodel.transformers, self.components, lora_only=lora_only)
-            dtype = torch_dtype(self.args.compute_dtype)
             return collect_weight_updates(self.model.transformers, self.components, lora_only,
-                                          to_host=lambda t: fsdp.full_tensor(t).to("cpu", dtype=dtype, copy=True))
+                                          to_host=lambda t: fsdp.full_tensor(t).to("cpu", copy=True),
+                                          wire=self.wire_rule())
+
+    def weight_digests(self) -> dict[str, str]:
+        """Each transformer tensor's dtype and checksum as the train forward computes with it (the
+        compute copy; fsdp: the master gathered, in the dtype the rule gathers it in; a collective)."""
+        from miles.models.precision import weight_digests
+
+        with resident(self.offload, optimizer=False):
+            if not self.sharded:
+                return weight_digests(self.fmodel.transformers)
+            rule = self.wire_rule()
+            return weight_digests(self.model.transformers,
+                                  lambda c, n, t: fsdp.full_tensor(t.detach()).to(rule(c, n, t.dtype)))
+
+    def wire_rule(self):
+        """What each synced tensor travels in: the dtype the engine holds it in (miles.models.precision)."""
+        return wire_rule(self.model.transformers, torch_dtype(self.args.compute_dtype))
 
     def trained_state(self) -> dict[str, torch.Tensor]:
         """Every trained tensor by `<component>.<param name>`, whole CPU copies (tests compare runs with

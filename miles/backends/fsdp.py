@@ -36,6 +36,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from miles.models.precision import BUFFER, cast_to_rule, held_dtype, is_kept_in_float32, kept_modules
+
 
 BACKEND = "fsdp"
 MANIFEST = "rank0.json"
@@ -86,21 +88,77 @@ def shard_model(model, components: list[str], mesh, param_dtype: torch.dtype, co
         for block in transformer_blocks(module):
             fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=True)
         fully_shard(module, mesh=mesh, mp_policy=policy, reshard_after_forward=True)
+        keep_rule_dtypes(module, compute_dtype, reduce_dtype or param_dtype)
         if compute_dtype != param_dtype:
             _cast_buffers(module, compute_dtype)
     trained = {id(model.transformers[c]) for c in components}
     for part in model.parts.values():
         if isinstance(part, torch.nn.Module) and id(part) not in trained and compute_dtype != param_dtype:
-            part.to(dtype=compute_dtype)
+            if part in model.transformers.values():
+                cast_to_rule(part, compute_dtype)  # an untrained expert: as an engine's from_pretrained holds it
+            else:
+                # the VAE and (SFT) text encoders as before: UMT5 keeps its `wo` in float32 under from_pretrained,
+                # +1.9 GiB on sft_wan22's full run that the memory plan does not count yet (issue 39, point 6)
+                part.to(dtype=compute_dtype)
     model.dtype = compute_dtype  # velocity() casts the latents to this, as an engine does
 
 
 @torch.no_grad()
 def _cast_buffers(module: torch.nn.Module, dtype: torch.dtype) -> None:
-    for sub in module.modules():
+    """Each floating buffer to the dtype the rule holds it in (a kept module's stay float32)."""
+    keep = kept_modules(module)
+    for sub_name, sub in module.named_modules():
         for name, buf in sub._buffers.items():
             if buf is not None and buf.is_floating_point():
-                sub._buffers[name] = buf.to(dtype)
+                qualified = f"{sub_name}.{name}" if sub_name else name
+                sub._buffers[name] = buf.to(held_dtype(keep, qualified, BUFFER, buf.dtype, dtype))
+
+
+def keep_rule_dtypes(module: torch.nn.Module, compute_dtype: torch.dtype, reduce_dtype: torch.dtype) -> None:
+    """Gather each parameter in the dtype miles.models.precision holds it in: a module the class keeps in
+    float32 is gathered uncast, as the engine holds it. FSDP2 takes one policy per unit and Wan2.2
+    keeps bare parameters of a block (`scale_shift_table`), so the policy is overridden per parameter
+    after FSDP sets it (its lazy init), and the unit's gradients are brought to the reduce dtype
+    before its reduce-scatter, which wants one dtype (the cast it would apply anyway)."""
+    keep = kept_modules(module)
+    if not keep or compute_dtype == torch.float32:
+        return
+    if reduce_dtype != torch.float32:
+        raise ValueError(f"--fsdp-reduce-dtype {str(reduce_dtype).removeprefix('torch.')}: {type(module).__name__} "
+                         f"keeps modules in float32 ({', '.join(keep)}), whose gradients are float32; "
+                         f"fix: --fsdp-reduce-dtype float32")
+    names = {id(m): n for n, m in module.named_modules()}
+    for sub in module.modules():
+        state = sub._get_fsdp_state() if hasattr(sub, "_get_fsdp_state") else None
+        group = state._fsdp_param_group if state is not None else None
+        if group is not None:
+            _override_group(group, keep, names)
+
+
+def _qualified(fsdp_param, names: dict[int, str]) -> str:
+    info = fsdp_param._module_info
+    owner = names.get(id(info.module), "")
+    return f"{owner}.{info.param_name}" if owner else info.param_name
+
+
+def _override_group(group, keep: tuple[str, ...], names: dict[int, str]) -> None:
+    kept = [p for p in group.fsdp_params if is_kept_in_float32(keep, _qualified(p, names))]
+    if not kept:
+        return
+    init_mp_dtypes, post_backward = group._init_mp_dtypes, group.post_backward
+
+    def init_with_kept_float32() -> None:
+        init_mp_dtypes()
+        for fsdp_param in kept:
+            fsdp_param.param_dtype = None  # gathered as the master holds it: float32
+
+    def post_backward_in_reduce_dtype(*unused):
+        for fsdp_param in group.fsdp_params:
+            if hasattr(fsdp_param, "_unsharded_param") and fsdp_param.unsharded_accumulated_grad is None:
+                fsdp_param.to_accumulated_grad_if_needed()
+        return post_backward(*unused)
+
+    group._init_mp_dtypes, group.post_backward = init_with_kept_float32, post_backward_in_reduce_dtype
 
 
 def clip_gradients(params: list[torch.nn.Parameter], max_norm: float) -> float:

@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from miles.backends.lora import ADAPTER_NAME, LoraSpec, attach_lora, is_lora_param
+from miles.models.precision import PARAMETER, held_dtype, kept_modules
 
 _PEFT_BASE = ".base_layer"
 
@@ -57,13 +58,18 @@ def attach_lora_on_meta(module: torch.nn.Module, spec: LoraSpec) -> dict[str, to
 
 @torch.no_grad()
 def frozen_base_to(module: torch.nn.Module, dtype: torch.dtype) -> int:
-    """Put every floating parameter that does not require grad in `dtype` (before sharding: FSDP
-    takes each parameter's dtype as it finds it); returns how many were cast."""
+    """Put every floating parameter that does not require grad in the dtype miles.models.precision
+    holds it in at compute dtype `dtype` (before sharding: FSDP takes each parameter's dtype as it
+    finds it; a module the class keeps in float32 stays so); returns how many were cast."""
+    keep = kept_modules(module)
     cast = 0
-    for sub in module.modules():
+    for sub_name, sub in module.named_modules():
         for name, p in sub._parameters.items():
-            if p is not None and not p.requires_grad and p.is_floating_point() and p.dtype != dtype:
-                sub._parameters[name] = torch.nn.Parameter(p.to(dtype), requires_grad=False)
+            if p is None or p.requires_grad or not p.is_floating_point():
+                continue
+            want = held_dtype(keep, f"{sub_name}.{name}" if sub_name else name, PARAMETER, p.dtype, dtype)
+            if p.dtype != want:
+                sub._parameters[name] = torch.nn.Parameter(p.to(want), requires_grad=False)
                 cast += 1
     return cast
 

@@ -7,8 +7,9 @@ order, each one's `named_parameters()`; LoRA: the adapter tensors only), then
 grouped by wire dtype, stably (the dtype met first goes first). Consecutive tensors of one dtype
 fill a bucket of at most `buffer_bytes`; a tensor bigger than the buffer is a bucket of its own.
 
-Wire dtype. A floating tensor travels in the engine's dtype (--rollout-dtype): the sender casts
-it while copying it into the buffer, the same round-to-nearest cast the object-store path's
+Wire dtype. A floating tensor travels in the dtype the engine holds it in (miles.models.precision:
+--rollout-dtype, float32 for a module its class keeps in float32): the sender casts it while
+copying it into the buffer, the same round-to-nearest cast the object-store path's
 engine applied on arrival (`Tensor.to`), so the engine gets the same bits from half the bytes
 when the trainer holds a wider dtype.
 
@@ -88,17 +89,26 @@ class Staging:
         self.held -= nbytes
 
 
-def wire_dtype(dtype: torch.dtype, engine_dtype: torch.dtype) -> torch.dtype:
-    return engine_dtype if dtype.is_floating_point else dtype
+# (component, tensor name, the sender's dtype) -> the dtype the engine holds it in (miles.backends.weight_sync.wire_rule)
+WireRule = Callable[[str, str, torch.dtype], torch.dtype]
 
 
-def plan_buckets(tensors: list[tuple[str, str, torch.Tensor]], engine_dtype: torch.dtype,
+def wire_dtype(component: str, name: str, dtype: torch.dtype, engine: torch.dtype | WireRule) -> torch.dtype:
+    """The one question the push asks: what tensor `name` travels in. `engine`: one dtype for every
+    floating tensor, or the rule per tensor."""
+    if callable(engine):
+        return engine(component, name, dtype)
+    return engine if dtype.is_floating_point else dtype
+
+
+def plan_buckets(tensors: list[tuple[str, str, torch.Tensor]], engine_dtype: torch.dtype | WireRule,
                  buffer_bytes: int) -> BucketPlan:
     if buffer_bytes <= 0:
         raise ValueError(f"--update-weight-buffer-size must be > 0 bytes, got {buffer_bytes}")
     by_dtype: dict[torch.dtype, list[tuple[str, str, tuple[int, ...]]]] = {}
     for component, name, t in tensors:
-        by_dtype.setdefault(wire_dtype(t.dtype, engine_dtype), []).append((component, name, tuple(t.shape)))
+        by_dtype.setdefault(wire_dtype(component, name, t.dtype, engine_dtype), []).append(
+            (component, name, tuple(t.shape)))
     buckets: list[Bucket] = []
     for dtype, entries in by_dtype.items():
         buckets += _fill(dtype, entries, buffer_bytes)

@@ -14,6 +14,7 @@ from typing import Callable, Iterable
 import torch
 
 from miles.backends.lora import is_lora_param
+from miles.models.precision import kept_modules, wire_dtype
 
 
 @dataclass
@@ -43,14 +44,24 @@ def synced_tensors(transformers: dict[str, torch.nn.Module], components: Iterabl
             for name, p in transformers[component].named_parameters() if not lora_only or is_lora_param(name)]
 
 
+def wire_rule(transformers: dict[str, torch.nn.Module], compute: torch.dtype):
+    """(component, name, sender dtype) -> the dtype the engine holds that tensor in
+    (miles.models.precision): what a push sends it in, by bucket or through the object store."""
+    keeps = {c: kept_modules(m) for c, m in transformers.items()}
+    return lambda component, name, dtype: wire_dtype(keeps[component], name, dtype, compute)
+
+
 def collect_weight_updates(transformers: dict[str, torch.nn.Module], components: list[str], lora_only: bool,
-                           to_host: Callable[[torch.Tensor], torch.Tensor] | None = None) -> list[WeightUpdate]:
+                           to_host: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                           wire=None) -> list[WeightUpdate]:
     """The update of each component as CPU copies; `to_host` makes one tensor's copy (default a
-    plain copy; a sharded rank gathers first, one parameter at a time)."""
+    plain copy; a sharded rank gathers first, one parameter at a time); `wire` (a `wire_rule`)
+    casts each copy to the dtype the engine holds it in."""
     to_host = to_host or (lambda t: t.to("cpu", copy=True))
     states: dict[str, dict[str, torch.Tensor]] = {c: {} for c in components}
     for component, name, tensor in synced_tensors(transformers, components, lora_only):
-        states[component][name] = to_host(tensor)
+        host = to_host(tensor)
+        states[component][name] = host if wire is None else host.to(wire(component, name, host.dtype))
     return [WeightUpdate(c, states[c], lora_only) for c in components]
 
 

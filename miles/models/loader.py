@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
+from miles.models.precision import cast_to_rule
 from miles.models.runtime import quiet_libraries
 from miles.models.registry import FamilySpec, detect_family, get_family
 from miles.models.conditioning import Conditioning
@@ -369,7 +370,9 @@ class DiffusionModel:
                 module.add_adapter(config)
             else:
                 inject_adapter_in_model(config, module)
-            module.to(device=self.device, dtype=self.dtype).requires_grad_(False)
+            # the adapters in the compute dtype, a module the class keeps in float32 left so (from_pretrained's rule)
+            module.to(device=self.device).requires_grad_(False)
+            cast_to_rule(module, self.dtype)
 
     def load_weights(self, component: str, state_dict: dict[str, torch.Tensor]) -> None:
         """Copy tensors into a component; a partial dict (e.g. only LoRA tensors) is fine.

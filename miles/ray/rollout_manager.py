@@ -147,6 +147,10 @@ class RolloutManager:
                   "components": components}
         wait_for([e.apply_lora.remote(config) for e in self.engines], self.engines, "apply_lora")
 
+    def weight_digests(self) -> dict[str, str]:
+        """The first engine's (every engine receives the same weights)."""
+        return wait_for([self.engines[0].weight_digests.remote()], self.engines[:1], "weight_digests")[0]
+
     def update_weights(self, updates: list[tuple[str, object]]) -> None:
         """`updates`: (component, object ref of its state dict); every engine copies them in place."""
         import ray

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ray
 
-from miles.backends.actor import TrainRank, torch_dtype
+from miles.backends.actor import TrainRank
 from miles.backends.lora import LoraSpec
 from miles.backends.train_offload import resident
 from miles.backends.collectives import host_store
@@ -35,7 +35,7 @@ class TrainActor(TrainRank):
 
     def weight_bucket_plan(self, buffer_bytes: int) -> BucketPlan:
         with resident(self.offload, optimizer=False, synced_only=True):  # the plan reads shapes and dtypes
-            return plan_buckets(self.synced_tensors(), torch_dtype(self.args.rollout_dtype), buffer_bytes)
+            return plan_buckets(self.synced_tensors(), self.wire_rule(), buffer_bytes)
 
     def join_weight_sync(self, address: SyncGroupAddress, plan: BucketPlan) -> None:
         self.bucket_plan = plan
@@ -149,6 +149,11 @@ class TrainActorGroup:
         actors = self.actors if self.sharded else [self.actors[rank]]
         states = self._get([a.trained_state.remote() for a in actors], "trained_state", actors)
         return states[rank] if self.sharded else states[0]
+
+    def weight_digests(self) -> dict[str, str]:
+        """Rank 0's compute-side digests (fsdp: every rank gathers)."""
+        actors = self.actors if self.sharded else self.actors[:1]
+        return self._get([a.weight_digests.remote() for a in actors], "weight_digests", actors)[0]
 
     def shutdown(self) -> None:
         faults.WATCH.forget(self.actors)

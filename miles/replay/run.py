@@ -480,14 +480,13 @@ def _trained_step(plan, experts: list[str], expert: str) -> int:
 def _weight_push(memory: LiveMemory, args, rank, engine, places: dict[str, str]) -> None:
     """The bucketed sync of miles.ray.weight_sync_group: rank 0 packs its synced tensors into
     buckets, the engine copies each bucket into its weights; both sides resident as offload has them."""
-    from miles.backends.actor import torch_dtype
     from miles.backends.train_offload import resident
     from miles.backends.weight_buckets import plan_buckets, send_buckets
     from miles.utils.validation import DEFAULT_UPDATE_WEIGHT_BUFFER_SIZE
 
     buffer = getattr(args, "update_weight_buffer_size", None) or DEFAULT_UPDATE_WEIGHT_BUFFER_SIZE
     with memory.at(TRAIN_GPU, RANK), resident(rank.offload, optimizer=False, synced_only=True):
-        buckets = plan_buckets(rank.synced_tensors(), torch_dtype(args.rollout_dtype), buffer)
+        buckets = plan_buckets(rank.synced_tensors(), rank.wire_rule(), buffer)
         tensors = {(c, n): t for c, n, t in rank.synced_tensors()}
         send_buckets(buckets, tensors, lambda t: None, rank.device)
     with memory.at(places[ENGINE], ENGINE):

@@ -101,6 +101,13 @@ class RolloutEngineActor(RolloutEngine):
     def ready(self) -> str:
         return self.family
 
+    def weight_digests(self) -> dict[str, str]:
+        """Each transformer tensor's dtype and checksum as this engine holds it (--stop-on-parity-drift)."""
+        from miles.models.precision import weight_digests
+
+        with resident_while_sampling(self.offloaded_weights):
+            return weight_digests(self.model.transformers)
+
     def generate(self, requests, trained_steps, debug=False, evaluation=False):
         from miles.utils.debug_faults import fire
 

@@ -18,6 +18,12 @@ TIERS = ("dry", "cpu", "gpu")
 
 # What each tier defaults to: (args, timeout seconds, estimated seconds, suites).
 CPU_PROXY_ARGS = ("--scale", "cpu-proxy", "--num-rollout", "2")
+# a GPU case's configuration on CPU slots (`RecipeCase.rehearsal`): its parity must read exactly 0.0,
+# and a run that reads otherwise stops there, naming the tensors that differed
+STOP_ON_PARITY_DRIFT = ("--extra-args", "--stop-on-parity-drift")
+REHEARSAL_ARGS = ("--scale", "cpu-rehearsal", "--num-rollout", "2") + STOP_ON_PARITY_DRIFT
+REHEARSAL = "rehearsal"  # the variant, marker and -k word of the rehearsal cases
+NIGHTLY_CPU = "nightly-cpu"  # the suite that runs every rehearsal case
 # Ray's placement-group strategies, for a case whose GPUs span several nodes of a cluster
 PLACEMENTS = ("STRICT_SPREAD", "SPREAD", "STRICT_PACK", "PACK")
 
@@ -195,6 +201,20 @@ class RecipeCase:
         return cls._tier("cpu", script, **kw)
 
     @classmethod
+    def rehearsal(cls, script: str | Path, *, in_default_run: bool = False, **kw) -> "RecipeCase":
+        """The recipe's GPU configuration on CPU slots (`--scale cpu-rehearsal` unless args say
+        otherwise): a CPU-tier case of variant `rehearsal`, marked `rehearsal`, in the nightly CPU
+        suite; `in_default_run`: also in the README's test command (suite `cpu`)."""
+        kw.setdefault("args", REHEARSAL_ARGS)
+        kw.setdefault("variant", REHEARSAL)
+        kw.setdefault("suites", (("cpu",) if in_default_run else ()) + (NIGHTLY_CPU,))
+        return cls._tier("cpu", script, **kw)
+
+    @property
+    def is_rehearsal(self) -> bool:
+        return self.variant.startswith(REHEARSAL)
+
+    @classmethod
     def gpu(cls, script: str | Path, gpus: int, **kw) -> "RecipeCase":
         """The recipe (or its documented GPU proxy) on `gpus` leased GPUs; nightly."""
         return cls._tier("gpu", script, gpus=gpus, **kw)
@@ -245,6 +265,8 @@ class RecipeCase:
             marks.append(pytest.mark.dry)
         if self.tier == "gpu":
             marks += [pytest.mark.nightly, pytest.mark.gpu(self.gpus)]
+        if self.is_rehearsal:
+            marks.append(pytest.mark.rehearsal)
         return marks
 
     def to_json(self, nodeid: str = "") -> dict:

@@ -41,6 +41,9 @@ MARKERS = {
     "e2e": "runs a recipe end to end (a dry check or a real run)",
     "dry": "dry check of a recipe: argv snapshot and static validation, no cluster, seconds",
     "nightly": "GPU tier, run by the nightly GPU suite",
+    "rehearsal": "a GPU case's configuration on CPU slots (bfloat16 over float32 masters, its train backend, "
+                 "offload, push path, gradient checkpointing): the nightly CPU suite runs every one; a plain "
+                 "`pytest` only those in the `cpu` suite; `-m rehearsal`, `-k rehearsal` or --miles-rehearsal all",
     "faults": "fault-injection suite (docs/faults.md): deselected unless `-m faults` (or an -m naming it) "
               "or --miles-faults is given",
 }
@@ -65,6 +68,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--miles-faults", action="store_true", default=False,
                     help="also run the fault-injection suite (tests marked `faults`; several minutes on 2 CPUs); "
                          "`-m faults` runs it alone")
+    group.addoption("--miles-rehearsal", action="store_true", default=False,
+                    help="run every recipe's rehearsal case (tests marked `rehearsal`), not only those of the "
+                         "default run")
     group.addoption("--miles-gpu-max-used-mib", metavar="MIB", type=float, default=DEFAULT_MAX_USED_MIB,
                     help="a GPU with more memory in use than this is not free (default %(default)s)")
     group.addoption("--miles-gpu-shared", action="store_true", default=False,
@@ -82,6 +88,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     _deselect_faults_unless_asked(config, items)
+    _deselect_nightly_rehearsals_unless_asked(config, items)
     wait = config.getoption("--miles-gpu-wait") or 0.0
     if not wait:
         return
@@ -99,6 +106,25 @@ def _deselect_faults_unless_asked(config: pytest.Config, items: list[pytest.Item
     keep, drop = [], []
     for item in items:
         (drop if item.get_closest_marker("faults") is not None else keep).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
+def _deselect_nightly_rehearsals_unless_asked(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Each rehearsal case takes minutes on 2 CPUs: a plain `pytest` runs those of the `cpu` suite
+    (the README's command), the nightly CPU suite all of them; `-m`/`-k` or a node id naming
+    `rehearsal`, or --miles-rehearsal, keeps every one."""
+    # a node id naming a rehearsal (how ci/run_suite.py runs each case) asks for it too
+    asked = " ".join([config.getoption("markexpr", "") or "", config.getoption("keyword", "") or "",
+                      *(str(a) for a in config.args if "::" in str(a))])
+    if config.getoption("--miles-rehearsal", False) or "rehearsal" in asked:
+        return
+    keep, drop = [], []
+    for item in items:
+        case = case_of(item)
+        nightly_only = case is not None and case.is_rehearsal and "cpu" not in case.suites
+        (drop if nightly_only else keep).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep

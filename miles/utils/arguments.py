@@ -414,6 +414,9 @@ def _debug(parser) -> None:
                         "rollout (0: every one); the first optimizer step's come free with its training forward, "
                         "a later one costs a no-grad forward on the weights before the step. Unset: every one "
                         "with --device cpu (the CPU tier), 1 on GPUs (under 2 %% of a train step)")
+    _switch(g, "--stop-on-parity-drift", "with --diffusion-debug-mode: end the run at the first rollout whose parity "
+            "probe reads non-zero, naming the weight tensors whose dtype or value differed between the train "
+            "forward and the engines (each rollout digests both sides' weights first)")
     _switch(g, "--debug-skip-optimizer-step", "compute losses and grads, never step")
     _switch(g, "--debug-rollout-only", "generate and score, never train")
     _switch(g, "--train-only", "train without rollout engines (sft_loss)")

@@ -231,8 +231,16 @@ def write_run_json(run_dir: str | Path, argv: list[str], *, resumed: bool, start
     return record
 
 
+PARITY_KEYS = ("train/model_output_mean_abs_diff", "train/model_output_max_abs_diff", "train/log_prob_abs_diff")
+
+
+def parity_drift(metrics: dict) -> dict:
+    """The parity probe's readings that are not exactly 0.0 (empty: on-policy, or no probe)."""
+    return {k: metrics[k] for k in PARITY_KEYS if isinstance(metrics.get(k), (int, float)) and metrics[k] != 0.0}
+
+
 class Progress:
-    """One line per rollout: id, reward, loss, parity diff, time, ETA."""
+    """One line per rollout: id, reward, loss, parity diff (marked OFF-POLICY when not 0), time, ETA."""
 
     def __init__(self, start_rollout_id: int, end_rollout_id: int):
         self.start, self.end = start_rollout_id, end_rollout_id
@@ -243,8 +251,9 @@ class Progress:
         elapsed = time.monotonic() - self.t0
         eta = elapsed / done * (self.end - rollout_id - 1)
         fmt = lambda k: "-" if metrics.get(k) is None else f"{float(metrics[k]):.4g}"  # noqa: E731
+        off = " OFF-POLICY" if parity_drift(metrics) else ""
         return (f"[rollout {rollout_id + 1}/{self.end}] reward={fmt('rollout/reward/raw_mean')} "
-                f"loss={fmt('train/loss')} parity_diff={fmt('train/model_output_max_abs_diff')} "
+                f"loss={fmt('train/loss')} parity_diff={fmt('train/model_output_max_abs_diff')}{off} "
                 f"time={rollout_seconds:.1f}s eta={eta:.0f}s")
 
 

@@ -164,6 +164,9 @@ def _probe_sampling(ns: Namespace, family: FamilyFacts) -> None:
     if limit is not None and not ns.diffusion_debug_mode:
         raise ConfigError(f"--diffusion-debug-probe-micro-batches {limit} without --diffusion-debug-mode: there is no "
                           f"parity probe to sample; fix: add --diffusion-debug-mode or drop the flag")
+    if getattr(ns, "stop_on_parity_drift", False) and not ns.diffusion_debug_mode:
+        raise ConfigError("--stop-on-parity-drift without --diffusion-debug-mode: there is no parity probe to read; "
+                          "fix: add --diffusion-debug-mode or drop the flag")
 
 
 def _weight_sync(ns: Namespace, family: FamilyFacts) -> None:

@@ -17,3 +17,4 @@ def test_dry(recipe_case, dry_run, check_static, plan_snapshot):
     dry = dry_run(recipe_case)
     check_static(dry)
     assert plan_snapshot == dry.text
+

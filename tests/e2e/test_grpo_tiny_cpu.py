@@ -31,7 +31,11 @@ HOSTILE_SHELL = {"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE", "MK
 CASES = [
     RecipeCase.cpu(RECIPE, args=('--num-rollout', '2'), metrics=METRICS, own_head=True, env=HOSTILE_SHELL,
                    signals=SIGNALS, est_time=90, labels=LABELS),
-    RecipeCase.gpu(RECIPE, gpus=1, args=('--num-rollout', '30', '--device', 'cuda'), signals=SIGNALS,
+    # the GPU case's bfloat16 on CPU slots (issue 39), in the nightly CPU suite
+    RecipeCase.rehearsal(RECIPE, args=('--num-rollout', '2', '--rehearsal', '--extra-args', '--stop-on-parity-drift'),
+                         metrics=METRICS, signals=SIGNALS, est_time=90, labels=LABELS),
+    RecipeCase.gpu(RECIPE, gpus=1, args=('--num-rollout', '30', '--device', 'cuda', '--extra-args',
+                                         '--stop-on-parity-drift'), signals=SIGNALS,
                    est_time=180, timeout=420, labels=LABELS),
 ]
 

@@ -69,6 +69,7 @@ from miles.utils.external_utils.recipe_assets import (
 )
 from miles.utils.external_utils.recipe_options import (
     CPU_PROXY,
+    CPU_REHEARSAL,
     FULL_SCALE,
     ColocatedScale,
     GPU_PROXY,
@@ -78,6 +79,7 @@ from miles.utils.external_utils.recipe_options import (
     data_dir_option,
     model_dir_option,
     num_rollout_option,
+    rehearsal_scale,
     scale_option,
 )
 from miles.utils.external_utils.ray_cluster import wait_for_cluster_resources
@@ -91,9 +93,9 @@ __all__ = [
     "is_external_ray", "pipeline_state_dir", "print_options_table", "read_plan", "run_pipeline",
     "select_recipe", "start_ray_worker", "wait_for_cluster_resources",
     # a recipe's scales, options and assets
-    "CPU_PROXY", "FULL_SCALE", "GPU_PROXY", "Assets", "ColocatedScale", "RolloutScale", "Scale", "ScaledRecipeArgs",
+    "CPU_PROXY", "CPU_REHEARSAL", "FULL_SCALE", "GPU_PROXY", "Assets", "ColocatedScale", "RolloutScale", "Scale", "ScaledRecipeArgs",
     "data_dir_option", "ensure_assets", "ensure_pickscore", "ensure_prompt_files", "ensure_recipe_checkpoint",
-    "model_dir_option", "num_rollout_option", "scale_option",
+    "model_dir_option", "num_rollout_option", "rehearsal_scale", "scale_option",
     # the launch: the blocks recipes of a kind share, joined with the recipe's own
     "TrainJob", "colocated_job",
     # the parts of the flag blocks every recipe writes the same way

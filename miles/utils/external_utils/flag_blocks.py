@@ -116,8 +116,10 @@ def flat_micro_batch_args(pairs: int) -> str:
     return f"--micro-batch-size {pairs} --train-dp-split-mode contiguous "
 
 
-def gradient_checkpointing_args(device: str) -> str:
-    return "--gradient-checkpointing " if device == "cuda" else ""
+def gradient_checkpointing_args(scale) -> str:
+    """On where the scale says (GPUs and their CPU rehearsal); a device word: on for cuda."""
+    on = scale == "cuda" if isinstance(scale, str) else scale.gradient_checkpointing
+    return "--gradient-checkpointing " if on else ""
 
 
 def gpu_memory_args(device: str, gpu_memory_gb: Optional[int]) -> str:

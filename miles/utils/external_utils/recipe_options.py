@@ -10,6 +10,7 @@ and states only its scales and the options of its own.
 from __future__ import annotations
 
 from collections.abc import Mapping
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -28,11 +29,15 @@ class ScaleKind:
     device: str  # "cpu": CPU slots stand in for the GPUs
     dtype: str  # train and rollout forwards; the trained weights stay float32
     deterministic: bool
+    # the GPU configuration on CPU slots (issue 39): everything the GPU case sets but the device
+    rehearsal: bool = False
 
 
 FULL_SCALE = ScaleKind(None, "cuda", "bfloat16", deterministic=False)  # the released models, as published
 GPU_PROXY = ScaleKind("proxy", "cuda", "bfloat16", deterministic=True)  # our proxy-size models, on GPUs
 CPU_PROXY = ScaleKind("tiny", "cpu", "float32", deterministic=True)  # our tiny models, on CPU slots
+# our tiny models on CPU slots with the GPU's dtypes and gradient checkpointing (--scale cpu-rehearsal)
+CPU_REHEARSAL = ScaleKind("tiny", "cpu", "bfloat16", deterministic=True, rehearsal=True)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -61,6 +66,11 @@ class Scale:
     @property
     def deterministic(self) -> bool:
         return self.kind.deterministic
+
+    @property
+    def gradient_checkpointing(self) -> bool:
+        """On GPUs (memory) and in their rehearsal (the same forward as the GPU's)."""
+        return self.device == "cuda" or self.kind.rehearsal
 
     def num_rollout_or_default(self, chosen: Optional[int]) -> int:
         """--num-rollout when given, else this scale's own number."""
@@ -106,6 +116,15 @@ class ColocatedScale(RolloutScale):
     """A scale of a one-node recipe whose train ranks each share a GPU with a rollout engine."""
 
     train_ranks: int  # GPUs (CPU slots on cpu), each holding a train rank and a rollout engine
+
+
+def rehearsal_scale(cpu_row: Scale, gpu_row: Scale, **changes: Any) -> Scale:
+    """`--scale cpu-rehearsal`: the CPU proxy's sizes with every setting of the GPU case `gpu_row` but
+    the device: its dtypes (bfloat16 over float32 masters), gradient checkpointing, its train backend
+    (FSDP2 and offload where it shards); `changes` for a row that rehearses another GPU scale's backend.
+    The micro-batch tile stays the CPU proxy's: a GPU tile needs that many samples per optimizer step
+    and rank, 2-4x the proxy's samples (tests/e2e/test_dry_rehearsal.py lists where the two differ)."""
+    return dataclasses.replace(cpu_row, kind=CPU_REHEARSAL, sharded=gpu_row.sharded, **changes)
 
 
 def scale_option(help: str = SCALE_HELP) -> Any:

@@ -570,7 +570,25 @@ def _results_line(launch: _Launch) -> str:
     parts = [f"results: run dir {run_dir}", f"curves {run_dir / 'curves.png'}",
              f"samples {run_dir / 'last_rollout.png'}",
              f"checkpoint {save}" if save else "checkpoint none (no --save)"]
-    return "; ".join(parts)
+    return "; ".join(parts + _parity_summary(run_dir))
+
+
+def _parity_summary(run_dir: Path) -> list[str]:
+    """What the parity probe read over the run: nothing when there was no probe."""
+    from miles.utils.run_logging import parity_drift, read_metrics
+
+    try:
+        rows = read_metrics(run_dir)
+    except (OSError, ValueError):
+        return []
+    probed = [r for r in rows if "train/model_output_max_abs_diff" in r]
+    off = [r["rollout_id"] for r in probed if parity_drift(r)]
+    if not probed:
+        return []
+    if not off:
+        return [f"parity exactly 0.0 at every rollout ({len(probed)} probed)"]
+    worst = max(r["train/model_output_max_abs_diff"] for r in probed)
+    return [f"OFF-POLICY: parity non-zero at rollouts {off} (max |diff| {worst:.4g})"]
 
 
 def _submit_when_ready(

@@ -91,6 +91,22 @@ def test_lora_parity_is_exact_when_synced_and_a_skipped_weight_push_breaks_it(ra
     assert all(s["perf/weight_sync_engine_staging_bytes"] == s["perf/weight_sync_bytes"] > 0 for s in syncs)
 
 
+def test_stop_on_parity_drift_ends_the_run_at_the_first_off_policy_rollout_naming_the_stale_tensors(
+        ray_cluster, tiny_argv, tmp_path, capsys):
+    from miles.ray.faults import FAILURE_FILE
+
+    argv = tiny_argv(tmp_path, f"{RANKS[1]} --num-rollout 3 --use-lora --lora-rank 4 --debug-skip-weight-update-at 0 "
+                               "--stop-on-parity-drift")
+    assert train_diffusion.main(argv) == 1
+    rows = read_metrics(tmp_path)
+    assert [r["rollout_id"] for r in rows] == [0, 1]  # rollout 1 sampled with the adapters of before rollout 0
+    assert "OFF-POLICY" in capsys.readouterr().out
+    cause = json.loads((tmp_path / FAILURE_FILE).read_text())["cause"]
+    assert "trains off-policy" in cause and "lora_B" in cause and "bfloat16" not in cause
+    named = cause.split("engine): ")[1].split("; fix")[0]
+    assert all("lora_" in n for n in named.split("; ") if n != "...")  # only the stale adapters differ
+
+
 def test_skipped_optimizer_steps_keep_parity(ray_cluster, tiny_argv, tmp_path):
     rows = run(tiny_argv, tmp_path, f"{RANKS[1]} --num-rollout 2 --debug-skip-optimizer-step "
                                     "--weight-sync object-store --eval-interval 2 --eval-num-prompts 1 "

@@ -207,6 +207,7 @@ FLAG_TESTS = {
     "--diffusion-debug-mode": f"{LOOP}::test_two_sharded_offloaded_rank_runs_keep_parity_exact_repeat_bit_for_bit_and_eval_on_their_interval",
     "--diffusion-debug-probe-micro-batches": "tests/unit/backends/test_probe_sampling.py::"
                                              "test_sampling_one_micro_batch_saves_the_other_probe_forwards_and_changes_no_metric",
+    "--stop-on-parity-drift": f"{LOOP}::test_stop_on_parity_drift_ends_the_run_at_the_first_off_policy_rollout_naming_the_stale_tensors",
     "--debug-skip-optimizer-step": f"{LOOP}::test_skipped_optimizer_steps_keep_parity",
     "--debug-rollout-only": f"{LOOP}::test_rollout_only_generates_and_scores_without_training",
     "--train-only": f"{R}::test_train_only_runs_no_rollout_engines",
