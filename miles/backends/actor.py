@@ -257,7 +257,7 @@ class TrainRank:
                 (loss * share).backward()
                 for key, value in {"loss": loss.detach(), **metrics}.items():
                     totals[key] = totals.get(key, 0.0) + torch.as_tensor(value, dtype=torch.float64) * share / len(schedule)
-            totals["grad_norm"] = totals.get("grad_norm", 0.0) + self._optimizer_step() / len(schedule)
+            totals["grad_norm"] = totals.get("grad_norm", 0.0) + self._optimizer_step().double() / len(schedule)
         self._update_old_policy()
         elapsed = time.perf_counter() - start  # the step's one read of the device: its metrics, here
         metrics = self._reduce({f"train/{k}": float(v) for k, v in totals.items()}, probe)

@@ -145,7 +145,7 @@ class SFTRankStep:
                 if loss.requires_grad:  # a pair of an expert that is not trained has nothing to update
                     (loss * share).backward()
                 loss_total += loss.detach().double() * share / len(schedule)
-            grad_norm_total += rank._optimizer_step() / len(schedule)
+            grad_norm_total += rank._optimizer_step().double() / len(schedule)
         elapsed = time.perf_counter() - start  # the one read of the device below ends the step
         metrics = rank._reduce({"train/loss": float(loss_total), "train/grad_norm": float(grad_norm_total)}, None)
         metrics["train/lr"] = rank.optimizer.param_groups[0]["lr"]
