@@ -1,4 +1,4 @@
-"""Full-weight sync, object store vs bucketed: time and peak extra memory, in one run.
+"""Full-weight sync, object store vs bucketed broadcast vs IPC: time, GB/s and peak extra memory, in one run.
 
     python3 benchmarks/bench_weight_sync.py [--blocks 2] [--buffer-mib 64] [--rounds 2]
 
@@ -12,6 +12,9 @@ One Ray actor plays train rank 0, one the engine, both on this machine's own pri
   bucketed:     the two form a gloo group (miles.backends.sync_group) and the weights cross in
                 buckets of --buffer-mib (the flag's default is 512 MiB; a smaller one here so the
                 model takes several buckets on this CPU proxy).
+  ipc:          the colocated path (miles.backends.ipc_push): the sender packs each bucket into one
+                reused buffer the engine has opened from its handle (named shared memory on the
+                CPU, CUDA IPC on a GPU) and copies out in place; one Ray call per bucket is the ack.
 
 Time: the driver's wall clock from the first call to the last answer. Peak extra memory: each
 actor samples its own resident set size (/proc/self/statm, shared object-store pages it touches
@@ -149,6 +152,33 @@ class Side:
         staging, extra = measured(self.end.receive)
         return extra, staging.peak
 
+    # ipc
+    def ipc_share(self, plan) -> bytes:
+        from miles.backends.ipc_push import IpcSender
+
+        self.ipc = IpcSender(plan, torch.device("cpu"))
+        return self.ipc.handle
+
+    def ipc_open(self, handle: bytes, plan) -> None:
+        from miles.backends.ipc_push import IpcReceiver
+
+        self.ipc = IpcReceiver(handle, plan, {COMPONENT: self.module})
+
+    def ipc_send(self, boxed_engine: list) -> tuple[int, int]:
+        import ray
+
+        engine = boxed_engine[0]
+        tensors = {(COMPONENT, n): p for n, p in self.module.named_parameters()}
+        ray.get(engine.ipc_begin.remote())
+        staging, extra = measured(lambda: self.ipc.send(tensors, lambda i: ray.get(engine.ipc_receive.remote(i))))
+        return extra, staging.peak
+
+    def ipc_begin(self) -> None:
+        self.ipc.begin()
+
+    def ipc_receive(self, index: int) -> None:
+        self.ipc.receive(index)
+
 
 def object_store_round(sender, engine) -> tuple[float, int]:
     import ray
@@ -169,6 +199,14 @@ def bucketed_round(sender, engine) -> tuple[float, int, int]:
     return time.perf_counter() - start, sent_extra + engine_extra, sent_staged + engine_staged
 
 
+def ipc_round(sender, engine) -> tuple[float, int, int]:
+    import ray
+
+    start = time.perf_counter()
+    extra, staged = ray.get(sender.ipc_send.remote([engine]))
+    return time.perf_counter() - start, extra, staged
+
+
 def connect(sender, engine, buffer_bytes: int):
     import ray
 
@@ -177,6 +215,7 @@ def connect(sender, engine, buffer_bytes: int):
     address = SyncGroupAddress("127.0.0.1", ray.get(sender.free_port.remote()), 2, "gloo", 600.0)
     plan = ray.get(sender.plan.remote(buffer_bytes))
     ray.get([sender.join.remote(address, 0, plan), engine.join.remote(address, 1, plan)])
+    ray.get(engine.ipc_open.remote(ray.get(sender.ipc_share.remote(plan)), plan))
     return plan
 
 
@@ -187,17 +226,18 @@ def run(args) -> list[str]:
     sender, engine = remote.remote(args.blocks, 0), remote.remote(args.blocks, 0)
     numel, nbytes = ray.get(sender.size.remote())
     plan = connect(sender, engine, args.buffer_mib * 2**20)
-    rows = {"object store": [], "bucketed": []}
+    rows = {"object store": [], "bucketed": [], "ipc": []}
     staged = []
     for round_index in range(args.rounds):
-        for path in ("object store", "bucketed"):
-            expected = ray.get(sender.perturb.remote(1 + len(rows["object store"]) + len(rows["bucketed"])))
+        for path in rows:
+            expected = ray.get(sender.perturb.remote(1 + sum(len(r) for r in rows.values())))
             if path == "object store":
                 rows[path].append(object_store_round(sender, engine))
             else:
-                elapsed, extra, staging = bucketed_round(sender, engine)
+                elapsed, extra, staging = (bucketed_round if path == "bucketed" else ipc_round)(sender, engine)
                 rows[path].append((elapsed, extra))
-                staged.append(staging)
+                if path == "bucketed":
+                    staged.append(staging)
             assert ray.get(engine.checksum.remote()) == expected, f"{path}: the engine's weights differ"
     return report(args, numel, nbytes, plan, rows, staged)
 
@@ -211,10 +251,11 @@ def report(args, numel, nbytes, plan, rows, staged) -> list[str]:
              f"(largest {max(b.nbytes for b in plan.buckets) / mib:.1f} MiB); median of {args.rounds} rounds",
              "peak extra memory: RSS sampled every 2 ms in each actor during the sync, peak - before, "
              "sender + engine summed",
-             f"{'path':<14}{'time s':>10}{'extra MiB':>12}",
-             *[f"{path:<14}{t:>10.3f}{m / mib:>12.1f}" for path, (t, m) in medians.items()]]
-    (t_os, m_os), (t_b, m_b) = medians["object store"], medians["bucketed"]
-    lines.append(f"{'ratio os/bkt':<14}{t_os / t_b:>10.2f}{m_os / max(m_b, 1):>12.2f}")
+             f"{'path':<14}{'time s':>10}{'push GB/s':>11}{'extra MiB':>12}",
+             *[f"{path:<14}{t:>10.3f}{nbytes / t / 1e9:>11.2f}{m / mib:>12.1f}" for path, (t, m) in medians.items()]]
+    (t_os, m_os), (t_b, m_b), (t_i, m_i) = medians["object store"], medians["bucketed"], medians["ipc"]
+    lines.append(f"{'ratio os/bkt':<14}{t_os / t_b:>10.2f}{'':>11}{m_os / max(m_b, 1):>12.2f}")
+    lines.append(f"{'ratio bkt/ipc':<14}{t_b / t_i:>10.2f}{'':>11}{m_b / max(m_i, 1):>12.2f}")
     lines.append(f"bucketed staging counted by the packer (sender + engine): {max(staged) / mib:.1f} MiB")
     return lines
 

@@ -98,8 +98,8 @@ if [ "$MODE" = gpu ]; then
         tests/unit/rollout/test_sde.py::test_a_samples_log_prob_does_not_depend_on_the_batch_it_is_computed_in \
         tests/unit/rollout/test_sde.py::test_the_host_step_equals_the_cpu_step_and_returns_on_the_models_device \
         || status=1
-    # the colocated weight push through CUDA IPC (not yet the recipes' path: they push over gloo
-    # through host memory): every weight must arrive bit for bit from handles of a reused buffer
+    # the colocated weight push through CUDA IPC, the recipes' own path (miles.backends.ipc_push;
+    # stage 2's colocated cases push through it too): every weight bit for bit from one reused buffer
     python3 ci/ipc_push_probe.py --device cuda || status=1
     say "stage 1 done"
     # NOT YET HERE (docs/ci.md, "What one GPU could check next"): an offload round trip of one

@@ -1,17 +1,14 @@
 #!/usr/bin/env python3
 """Probe of the colocated weight push through CUDA IPC, for the GPU check (docs/ci.md).
 
-Today a colocated engine gets its weights from train rank 0 over gloo, staged through host memory
-(miles/backends/sync_group.py: NCCL refuses two ranks on one device). miles-diffusion instead
-hands the engine a CUDA IPC handle of the sender's buffer (torch.multiprocessing's reductions,
-`reduce_tensor`), and the engine copies from the rebuilt tensor on the device. Before that path
-is built here, this probe checks it on the machine the check runs on, with the protocol the push
-would use: the sender packs each bucket of weights into one flat buffer that it reuses, sends
-the buffer's handle, and overwrites the buffer only after the receiver has copied it out.
+Drives the push path's own two ends (miles.backends.ipc_push): `IpcSender` packs each bucket of
+a `plan_buckets` plan into its one reused buffer and shares the buffer's handle
+(torch.multiprocessing's reductions); an engine process rebuilds it with `IpcReceiver`, copies
+each bucket into its tensors in place and acknowledges before the sender overwrites the buffer.
 
-    python3 ci/ipc_push_probe.py --device cuda      # stage 1 of ci/gpu_check.sh
-    python3 ci/ipc_push_probe.py --device cpu       # the same protocol; CPU tensors travel as
-                                                    # shared memory (another transport)
+    python3 ci/ipc_push_probe.py --device cuda      # stage 1 of ci/gpu_check.sh: CUDA IPC
+    python3 ci/ipc_push_probe.py --device cpu       # the same code; CPU tensors travel as
+                                                    # named shared memory
 
 Prints the largest difference between what was sent and what arrived (must be exactly 0.0) and
 exits 1 otherwise.
@@ -26,73 +23,75 @@ import sys
 import torch
 import torch.multiprocessing as mp
 
-BUCKET_ELEMENTS = 1 << 16
+BUCKET_BYTES = 1 << 18
 DTYPES = (torch.float32, torch.bfloat16)
 
 
 def weights(seed: int, device: str) -> dict[str, torch.Tensor]:
-    """Stand-in weights of the two dtypes a push carries, of sizes that straddle buckets."""
+    """Stand-in weights of the two dtypes a push carries, of sizes that straddle buckets (one
+    bigger than a bucket)."""
     g = torch.Generator().manual_seed(seed)
-    shapes = {"a.weight": (300, 129), "a.bias": (129,), "b.weight": (77, 513), "c.lora_A": (16, 1000)}
+    shapes = {"a.weight": (300, 129), "a.bias": (129,), "b.weight": (77, 513), "c.lora_A": (16, 1000),
+              "d.weight": (300, 300)}
     return {f"{name}.{str(dtype).split('.')[-1]}": torch.randn(shape, generator=g).to(dtype).to(device)
             for dtype in DTYPES for name, shape in shapes.items()}
 
 
-def buckets(names: list[str], tensors: dict[str, torch.Tensor]) -> list[list[str]]:
-    """Consecutive tensors of one dtype, up to BUCKET_ELEMENTS each (a larger tensor alone)."""
-    out, current, size = [], [], 0
-    for name in names:
-        n = tensors[name].numel()
-        if current and (size + n > BUCKET_ELEMENTS or tensors[current[0]].dtype != tensors[name].dtype):
-            out.append(current)
-            current, size = [], 0
-        current.append(name)
-        size += n
-    return out + ([current] if current else [])
+class Holder(torch.nn.Module):
+    """The engine's weights: zeros of the sent shapes and dtypes, as parameters of one component."""
+
+    def __init__(self, like: dict[str, torch.Tensor]):
+        super().__init__()
+        for name, t in like.items():
+            self.register_parameter(name.replace(".", "_"), torch.nn.Parameter(torch.zeros_like(t), requires_grad=False))
 
 
-def receiver(device: str, channel, acks, result) -> None:
-    """The engine's end: rebuild each bucket from its handle, copy it out, acknowledge."""
-    received = {}
-    while (message := channel.get()) is not None:
-        flat, layout = message  # the flat buffer arrives as a rebuilt tensor on the same device
-        offset = 0
-        for name, shape in layout:
-            n = torch.Size(shape).numel()
-            received[name] = flat[offset:offset + n].view(shape).clone()
-            offset += n
-        del flat
-        if device == "cuda":
-            torch.cuda.synchronize()  # the copy is done before the sender may overwrite
+def plan_for(sent: dict[str, torch.Tensor]):
+    from miles.backends.weight_buckets import plan_buckets
+
+    # each tensor travels in its own dtype here (the engine dtype rule is the push path's, not the probe's)
+    by_dtype = {dtype: [("transformer", n.replace(".", "_"), t) for n, t in sent.items() if t.dtype == dtype]
+                for dtype in DTYPES}
+    plans = [plan_buckets(entries, dtype, BUCKET_BYTES) for dtype, entries in by_dtype.items()]
+    return type(plans[0])(BUCKET_BYTES, tuple(b for p in plans for b in p.buckets))
+
+
+def receiver(device: str, handle: bytes, plan, channel, acks, result) -> None:
+    """The engine's end: rebuild the buffer from its handle, copy each bucket in place, acknowledge."""
+    from miles.backends.ipc_push import IpcReceiver
+
+    holder = Holder(weights(0, device))
+    engine = IpcReceiver(handle, plan, {"transformer": holder})
+    engine.begin()
+    while (index := channel.get()) is not None:
+        engine.receive(index)
         acks.put(True)
-    # back as bytes: a tensor would travel as a handle that dies with this process
-    buffer = io.BytesIO()
-    torch.save({name: t.cpu() for name, t in received.items()}, buffer)
+    buffer = io.BytesIO()  # back as bytes: a tensor would travel as a handle that dies with this process
+    torch.save({n: p.detach().cpu() for n, p in holder.named_parameters()}, buffer)
     result.put(buffer.getvalue())
 
 
 def push(device: str) -> float:
+    from miles.backends.ipc_push import IpcSender
+
+    sent = weights(0, device)
+    plan = plan_for(sent)
+    sender = IpcSender(plan, torch.device(device))
     ctx = mp.get_context("spawn")
     channel, acks, result = ctx.Queue(), ctx.Queue(), ctx.Queue()
-    engine = ctx.Process(target=receiver, args=(device, channel, acks, result))
+    engine = ctx.Process(target=receiver, args=(device, sender.handle, plan, channel, acks, result))
     engine.start()
-    sent = weights(0, device)
-    staging = {dtype: torch.empty(BUCKET_ELEMENTS * 4, dtype=dtype, device=device) for dtype in DTYPES}
-    for bucket in buckets(list(sent), sent):
-        dtype = sent[bucket[0]].dtype
-        size = sum(sent[n].numel() for n in bucket)
-        if size > staging[dtype].numel():
-            staging[dtype] = torch.empty(size, dtype=dtype, device=device)
-        flat = staging[dtype][:size]  # a view at offset 0 of the reused buffer
-        torch.cat([sent[n].reshape(-1) for n in bucket], out=flat)
-        channel.put((flat, [(n, tuple(sent[n].shape)) for n in bucket]))
+
+    def deliver(index: int) -> None:
+        channel.put(index)
         acks.get(timeout=120)  # the buffer is the engine's to read until it says so
+
+    tensors = {("transformer", n.replace(".", "_")): t for n, t in sent.items()}
+    sender.send(tensors, deliver)
     channel.put(None)
     received = torch.load(io.BytesIO(result.get(timeout=120)))
     engine.join(timeout=60)
-    if sorted(received) != sorted(sent):
-        raise SystemExit(f"names differ: sent {sorted(sent)}, got {sorted(received)}")
-    return max((received[n].float() - sent[n].cpu().float()).abs().max().item() for n in sent)
+    return max((received[n.replace(".", "_")].float() - t.cpu().float()).abs().max().item() for n, t in sent.items())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -103,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         print("--device cuda: torch sees no CUDA device (use --device cpu)", file=sys.stderr)
         return 2
     diff = push(args.device)
-    print(f"IPC weight push on {args.device}: max abs difference {diff!r}")
+    print(f"IPC weight push (miles.backends.ipc_push) on {args.device}: max abs difference {diff!r}")
     return 0 if diff == 0.0 else 1
 
 

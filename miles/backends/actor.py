@@ -256,12 +256,11 @@ class TrainRank:
                 share = self._loss_weight(batch, micro) / window_weight if window_weight else 0.0
                 (loss * share).backward()
                 for key, value in {"loss": loss.detach(), **metrics}.items():
-                    totals[key] = totals.get(key, 0.0) + float(value) * share / len(schedule)
-            totals["grad_norm"] = totals.get("grad_norm", 0.0) + self._optimizer_step() / len(schedule)
+                    totals[key] = totals.get(key, 0.0) + torch.as_tensor(value, dtype=torch.float64) * share / len(schedule)
+            totals["grad_norm"] = totals.get("grad_norm", 0.0) + self._optimizer_step().double() / len(schedule)
         self._update_old_policy()
-
-        elapsed = time.perf_counter() - start
-        metrics = self._reduce({f"train/{k}": v for k, v in totals.items()}, probe)
+        elapsed = time.perf_counter() - start  # the step's one read of the device: its metrics, here
+        metrics = self._reduce({f"train/{k}": float(v) for k, v in totals.items()}, probe)
         metrics["train/lr"] = self.optimizer.param_groups[0]["lr"]
         metrics["perf/train_time"] = elapsed
         metrics["perf/train_pairs_per_sec"] = len(shard) * self.world_size / elapsed
@@ -436,7 +435,7 @@ class TrainRank:
         old.update(self.params, old_policy_decay(self.optimizer_step, init=args.ema_decay_init, ramp=args.ema_decay_ramp,
                                                  maximum=args.ema_decay_max, flat_steps=args.ema_decay_flat_steps))
 
-    def _optimizer_step(self) -> float:
+    def _optimizer_step(self) -> torch.Tensor:
         params = list(self.params.values())
         if self.sharded:  # backward has reduce-scattered each micro-batch's gradients into the shards
             grad_norm = fsdp.clip_gradients(params, self.args.clip_grad)

@@ -17,6 +17,7 @@ class EMA:
     def __init__(self, params: dict[str, torch.nn.Parameter], decay: float):
         self.decay = decay
         self.shadow = {name: p.detach().clone() for name, p in params.items()}
+        self._scratch: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
 
     @torch.no_grad()
     def update(self, params: dict[str, torch.nn.Parameter], decay: float | None = None) -> None:
@@ -27,17 +28,29 @@ class EMA:
 
     @contextmanager
     def swapped_in(self, params: dict[str, torch.nn.Parameter]) -> Iterator[None]:
-        """Temporarily load the shadow weights into the live parameters."""
-        backup = {name: p.detach().clone() for name, p in params.items()}
-        with torch.no_grad():
-            for name, p in params.items():
-                p.copy_(self.shadow[name])
+        """Temporarily load the shadow weights into the live parameters: the two exchange contents
+        in place (the shadow holds the live weights meanwhile), so a swap allocates no copy of the
+        model, only a scratch tensor of the largest one, kept for the next swap."""
+        self._exchange(params)
         try:
             yield
         finally:
-            with torch.no_grad():
-                for name, p in params.items():
-                    p.copy_(backup[name])
+            self._exchange(params)
+
+    @torch.no_grad()
+    def _exchange(self, params: dict[str, torch.nn.Parameter]) -> None:
+        for name, p in params.items():
+            live, kept = _local(p.detach()), _local(self.shadow[name])
+            scratch = self._scratch_for(live)
+            scratch.copy_(live)
+            live.copy_(kept)
+            kept.copy_(scratch)
+
+    def _scratch_for(self, t: torch.Tensor) -> torch.Tensor:
+        scratch = self._scratch.get((t.dtype, t.device))
+        if scratch is None or scratch.numel() < t.numel():
+            scratch = self._scratch[t.dtype, t.device] = torch.empty(t.numel(), dtype=t.dtype, device=t.device)
+        return scratch[:t.numel()].view(t.shape)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return {name: t.clone() for name, t in self.shadow.items()}
@@ -48,6 +61,11 @@ class EMA:
             raise KeyError(f"EMA state lacks {sorted(missing)[:3]}...")
         for name in self.shadow:
             self.shadow[name].copy_(state[name])
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """A sharded tensor's own shard (a view: writing it writes the parameter), or the tensor."""
+    return t.to_local() if hasattr(t, "to_local") else t
 
 
 def old_policy_decay(optimizer_step: int, *, init: float, ramp: float, maximum: float, flat_steps: int) -> float:

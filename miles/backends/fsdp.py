@@ -161,27 +161,44 @@ def _override_group(group, keep: tuple[str, ...], names: dict[int, str]) -> None
     group._init_mp_dtypes, group.post_backward = init_with_kept_float32, post_backward_in_reduce_dtype
 
 
-def clip_gradients(params: list[torch.nn.Parameter], max_norm: float) -> float:
-    """Clip sharded gradients in place by their global norm; returns the norm before clipping.
+def clip_gradients(params: list[torch.nn.Parameter], max_norm: float) -> torch.Tensor:
+    """Clip sharded gradients in place by their global norm; returns the norm before clipping, a
+    0-dim float64 tensor on the device (read once, with the step's metrics).
 
     The norm is summed from each rank's local shards (their squares, in float64) and all-reduced:
-    every element counted once whatever the sharding, the same total on every rank."""
-    grads = [p.grad for p in params if p.grad is not None]
-    if not grads:
-        return 0.0
-    local_sq = torch.zeros((), dtype=torch.float64)
+    every element counted once whatever the sharding, the same total on every rank. Nothing is read
+    back to the host: the clip factor min(1, max_norm / (norm + 1e-6)) multiplies every gradient
+    (a factor of exactly 1 changes no bit)."""
+    sharded = [p.grad for p in params if p.grad is not None]
+    if not sharded:
+        return torch.zeros((), dtype=torch.float64)
+    grads = [_local(g) for g in sharded]
+    local_sq = torch.zeros((), dtype=torch.float64, device=grads[0].device)
     for g in grads:
-        local_sq += g.to_local().double().pow(2).sum().cpu()
-    local_sq /= _replicas_holding(grads[0])  # HSDP: each replica holds the same shards
+        local_sq += g.double().pow(2).sum()
+    local_sq /= _replicas_holding(sharded[0])  # HSDP: each replica holds the same shards
     if dist.is_initialized():
         dist.all_reduce(local_sq)
-    norm = float(local_sq.sqrt())
+    norm = local_sq.sqrt()
     if max_norm > 0:
-        coef = max_norm / (norm + 1e-6)
-        if coef < 1.0:
-            for g in grads:
-                g.to_local().mul_(coef)
+        coef = (max_norm / (norm + 1e-6)).clamp(max=1.0)
+        for g in grads:
+            _scale(g, coef)
     return norm
+
+
+def _scale(grad: torch.Tensor, coef: torch.Tensor) -> None:
+    """grad *= coef as `mul_` by a Python scalar computes it: in the dtype's op math (float32 for
+    the 16-bit dtypes), the factor rounded to that, the product rounded once to the gradient's dtype."""
+    opmath = torch.promote_types(grad.dtype, torch.float32)
+    if grad.dtype == opmath:
+        grad.mul_(coef.to(opmath))
+    else:
+        grad.copy_(grad.to(opmath).mul_(coef.to(opmath)))
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
 
 
 def _replicas_holding(tensor: torch.Tensor) -> int:

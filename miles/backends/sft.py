@@ -144,10 +144,10 @@ class SFTRankStep:
                 share = len(micro) / window_pairs
                 if loss.requires_grad:  # a pair of an expert that is not trained has nothing to update
                     (loss * share).backward()
-                loss_total += float(loss.detach()) * share / len(schedule)
-            grad_norm_total += rank._optimizer_step() / len(schedule)
-        elapsed = time.perf_counter() - start
-        metrics = rank._reduce({"train/loss": loss_total, "train/grad_norm": grad_norm_total}, None)
+                loss_total += loss.detach().double() * share / len(schedule)
+            grad_norm_total += rank._optimizer_step().double() / len(schedule)
+        elapsed = time.perf_counter() - start  # the one read of the device below ends the step
+        metrics = rank._reduce({"train/loss": float(loss_total), "train/grad_norm": float(grad_norm_total)}, None)
         metrics["train/lr"] = rank.optimizer.param_groups[0]["lr"]
         metrics["perf/train_time"] = elapsed
         metrics["perf/train_pairs_per_sec"] = len(shard) * rank.world_size / elapsed

@@ -8,6 +8,7 @@ from miles.backends.actor import TrainRank
 from miles.backends.lora import LoraSpec
 from miles.backends.train_offload import resident
 from miles.backends.collectives import host_store
+from miles.backends.ipc_push import IpcSender
 from miles.backends.sync_group import SyncGroupAddress, WeightSender
 from miles.backends.weight_buckets import BucketPlan, plan_buckets, send_buckets
 from miles.backends.rollout_shard import fetch_shard, rank_shard
@@ -37,18 +38,35 @@ class TrainActor(TrainRank):
         with resident(self.offload, optimizer=False, synced_only=True):  # the plan reads shapes and dtypes
             return plan_buckets(self.synced_tensors(), self.wire_rule(), buffer_bytes)
 
-    def join_weight_sync(self, address: SyncGroupAddress, plan: BucketPlan) -> None:
+    def join_weight_sync(self, address: SyncGroupAddress | None, plan: BucketPlan, engines: list | None = None) -> None:
+        """`address`: the broadcast group's (rank 0 sends). `engines`: this rank's colocated engines,
+        which it serves through IPC handles of its own buffer (miles.backends.ipc_push)."""
         self.bucket_plan = plan
-        self.weight_sender = WeightSender(address, plan, self.sync_store) if self.rank == 0 else None
+        self.weight_sender = WeightSender(address, plan, self.sync_store) if address and self.rank == 0 else None
+        self.ipc_engines = list(engines or [])
+        self.ipc_sender = IpcSender(plan, self.device) if self.ipc_engines else None
+        if self.ipc_sender is not None:
+            ray.get([e.open_ipc_push.remote(self.ipc_sender.handle, plan) for e in self.ipc_engines])
 
     def send_weights(self) -> int:
-        """Rank 0 packs and broadcasts; the others only take part in gathering sharded tensors.
-        Returns the most staging bytes this rank held at once."""
+        """Rank 0 broadcasts, or each rank hands its own engines the buffer (IPC); a rank with
+        neither only takes part in gathering sharded tensors. Returns the most staging bytes this
+        rank held at once."""
         with resident(self.offload, optimizer=False, synced_only=True):  # --offload-train
             tensors = {(c, n): t for c, n, t in self.synced_tensors()}
+            if self.ipc_sender is not None:
+                return self._send_ipc(tensors)
             if self.weight_sender is not None:
                 return self.weight_sender.send(tensors).peak
             return send_buckets(self.bucket_plan, tensors, None, self.device).peak
+
+    def _send_ipc(self, tensors) -> int:
+        engines = self.ipc_engines
+        ray.get([e.begin_ipc_push.remote() for e in engines])
+        staging = self.ipc_sender.send(tensors, lambda index: ray.get([e.receive_ipc_bucket.remote(index)
+                                                                      for e in engines]))
+        ray.get([e.end_ipc_push.remote() for e in engines])
+        return staging.peak
 
     def trained_components(self) -> list[str]:
         return list(self.components)

@@ -83,6 +83,23 @@ class RolloutEngine:
         self._offload_after_update()
         return peak
 
+    # the colocated push (miles.backends.ipc_push): this engine's train rank drives it, bucket by bucket
+    def open_ipc_push(self, handle: bytes, plan) -> None:
+        from miles.backends.ipc_push import IpcReceiver
+
+        self.ipc_receiver = IpcReceiver(handle, plan, self.model.parts)
+
+    def begin_ipc_push(self) -> None:
+        reload_weights(self.offloaded_weights)
+        self.ipc_receiver.begin()
+
+    def receive_ipc_bucket(self, index: int) -> None:
+        """Copy one bucket out of the rank's buffer into the weights in place; returning is the ack."""
+        self.ipc_receiver.receive(index)
+
+    def end_ipc_push(self) -> None:
+        self._offload_after_update()
+
     def _offload_after_update(self) -> None:
         """--offload-rollout: updated weights go back to the host until the next generate. A
         checkpoint save follows a weight push, and the colocated rank brings its whole state back

@@ -282,6 +282,8 @@ def _model(parser) -> None:
                         "whole state dicts through Ray's object store")
     g.add_argument("--update-weight-buffer-size", type=any_int, default=None,
                    help="bytes per weight-sync bucket (--weight-sync bucketed); unset: 512 MiB")
+    _switch(g, "--lora-ipc-weight-sync", "push a LoRA run's adapters only, to its colocated engines through IPC "
+            "handles (what --use-lora with --colocate does here; refused without them)")
     g.add_argument("--param-dtype", choices=DTYPES, default="float32", help="dtype of trained weights")
     g.add_argument("--compute-dtype", choices=DTYPES, default="float32",
                    help="dtype of train forwards; float16 is refused (no gradient scaler): use bfloat16")

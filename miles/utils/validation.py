@@ -131,7 +131,7 @@ def has_rollout_engines(ns: Namespace) -> bool:
 def check_cross_flag_rules(ns: Namespace, family: FamilyFacts) -> None:
     for rule in (_run_length, _checkpointing, _lora_flags, _run_modes, _kl_reference, _reward_source,
                  _dotted_paths, _prompt_data, _learning_rates, _microgroups, _target_modules, _dtypes,
-                 _unimplemented_values, _gpu_memory, _edm_schedule, _weight_sync, _offload, _algorithm_flags,
+                 _unimplemented_values, _gpu_memory, _edm_schedule, _weight_sync, _lora_ipc_weight_sync, _offload, _algorithm_flags,
                  _probe_sampling, _sft_media, check_capability_flags):
         rule(ns, family)
 
@@ -167,6 +167,19 @@ def _probe_sampling(ns: Namespace, family: FamilyFacts) -> None:
     if getattr(ns, "stop_on_parity_drift", False) and not ns.diffusion_debug_mode:
         raise ConfigError("--stop-on-parity-drift without --diffusion-debug-mode: there is no parity probe to read; "
                           "fix: add --diffusion-debug-mode or drop the flag")
+
+
+def _lora_ipc_weight_sync(ns: Namespace, family: FamilyFacts) -> None:
+    """miles-diffusion's flag: adapters only, through IPC handles to colocated engines. Here that is
+    what a LoRA run with --colocate pushes (miles.ray.weight_sync_group.push_transport), so the flag
+    asks for that layout and refuses one that would push otherwise."""
+    if not getattr(ns, "lora_ipc_weight_sync", False):
+        return
+    lacking = [flag for flag, held in (("--use-lora", ns.use_lora), ("--colocate", ns.colocate),
+                                       ("--weight-sync bucketed", ns.weight_sync == "bucketed")) if not held]
+    if lacking:
+        raise ConfigError(f"--lora-ipc-weight-sync pushes a LoRA run's adapters to colocated engines through IPC "
+                          f"handles; this run lacks {', '.join(lacking)}; fix: add {' '.join(lacking)} or drop the flag")
 
 
 def _weight_sync(ns: Namespace, family: FamilyFacts) -> None:

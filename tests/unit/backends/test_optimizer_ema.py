@@ -28,7 +28,7 @@ def test_unknown_decay_style_is_rejected():
 def test_gradient_clipping_returns_the_norm_before_clipping():
     p = torch.nn.Parameter(torch.zeros(2))
     p.grad = torch.tensor([3.0, 4.0])
-    assert clip_gradients([p], 1.0) == pytest.approx(5.0)
+    assert float(clip_gradients([p], 1.0)) == pytest.approx(5.0)
     # clip_grad_norm_ scales by max_norm / (norm + 1e-6); the fp32 norm of (3, 4) is exactly 5, and the
     # coefficient and each product round once (half an ulp of a value below 1 each)
     want = torch.tensor([3.0, 4.0], dtype=torch.float64) / (5 + 1e-6)
@@ -52,3 +52,43 @@ def test_ema_swap_restores_the_live_weights():
     with ema.swapped_in({"w": p}):
         assert p.item() == 7.0
     assert p.item() == 1.0
+
+
+def test_ema_swap_exchanges_in_place_restoring_both_sides_bit_for_bit_with_one_reused_scratch():
+    g = torch.Generator().manual_seed(0)
+    params = {f"w{i}": torch.nn.Parameter(torch.randn(5 + i, generator=g)) for i in range(3)}
+    live = {n: p.detach().clone() for n, p in params.items()}
+    ema = EMA(params, decay=0.5)
+    for t in ema.shadow.values():
+        t.mul_(3.0)
+    shadow = {n: t.clone() for n, t in ema.shadow.items()}
+    for _ in range(2):
+        with ema.swapped_in(params):
+            assert all(torch.equal(params[n], shadow[n]) for n in params)
+        assert all(torch.equal(params[n], live[n]) and torch.equal(ema.shadow[n], shadow[n]) for n in params)
+    # one scratch of the largest tensor, made by the first swap and reused: no copy of the model
+    assert [t.numel() for t in ema._scratch.values()] == [7]
+
+
+def test_foreach_adamw_on_two_shards_steps_every_element_as_foreach_false_on_the_whole_bit_for_bit():
+    """The update is elementwise, so the shards one rank count makes (two halves here) and the
+    single-tensor loop of foreach=False give the same bits."""
+    from miles.backends.optimizer import build_optimizer
+
+    class Args:
+        lr, adam_beta1, adam_beta2, adam_eps, weight_decay = 1e-2, 0.9, 0.999, 1e-8, 0.01
+
+    g = torch.Generator().manual_seed(1)
+    start, grads = torch.randn(2, 37, generator=g), [torch.randn(2, 37, generator=g) for _ in range(3)]
+    whole = torch.nn.Parameter(start.clone())
+    halves = [torch.nn.Parameter(start[i].clone()) for i in range(2)]
+    reference = torch.optim.AdamW([whole], lr=Args.lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01,
+                                  foreach=False)
+    sharded = build_optimizer(halves, Args)
+    assert sharded.defaults["foreach"] is True
+    for grad in grads:
+        whole.grad, halves[0].grad, halves[1].grad = grad.clone(), grad[0].clone(), grad[1].clone()
+        reference.step()
+        sharded.step()
+    assert torch.equal(torch.stack([h.detach() for h in halves]), whole.detach())
+    assert not torch.equal(whole.detach(), start)

@@ -1,19 +1,18 @@
-"""The CUDA IPC push probe's protocol (ci/ipc_push_probe.py), run on the CPU: the buckets it
-packs, and every weight arriving bit for bit through handles of one reused buffer."""
+"""The CUDA IPC push probe (ci/ipc_push_probe.py), run on the CPU through the push path's own ends
+(miles.backends.ipc_push): its plan keeps the probe's dtypes and holds an oversize tensor, and
+every weight arrives bit for bit through handles of one reused buffer."""
 
 import torch
 
 from ci import ipc_push_probe as probe
+from miles.backends.ipc_push import buffer_bytes
 
 
-def test_buckets_keep_one_dtype_and_stay_within_the_bucket_size_unless_one_tensor_is_larger():
-    sent = probe.weights(0, "cpu")
-    packed = probe.buckets(list(sent), sent)
-    assert [n for bucket in packed for n in bucket] == list(sent)
-    for bucket in packed:
-        assert len({sent[n].dtype for n in bucket}) == 1
-        assert len(bucket) == 1 or sum(sent[n].numel() for n in bucket) <= probe.BUCKET_ELEMENTS
-    assert {sent[n].dtype for n in sent} == {torch.float32, torch.bfloat16}
+def test_the_plan_keeps_each_dtype_and_one_tensor_outgrows_a_bucket():
+    plan = probe.plan_for(probe.weights(0, "cpu"))
+    assert {b.dtype for b in plan.buckets} == {"float32", "bfloat16"}
+    assert any(plan.oversize(b) for b in plan.buckets)
+    assert buffer_bytes(plan) == max(b.nbytes for b in plan.buckets) > probe.BUCKET_BYTES
 
 
 def test_every_weight_arrives_bit_for_bit_through_the_reused_buffer():

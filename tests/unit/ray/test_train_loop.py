@@ -48,9 +48,12 @@ def test_two_sharded_offloaded_rank_runs_keep_parity_exact_repeat_bit_for_bit_an
     # the sender gathers one sharded parameter at a time beside its bucket
     largest = max(t.numel() * t.element_size() for t in load_file(
         tiny_argv.checkpoint / "transformer" / "diffusion_pytorch_model.safetensors").values())
-    for sync in syncs:
-        assert 0 < sync["perf/weight_sync_engine_staging_bytes"] <= buffer < sync["perf/weight_sync_bytes"]
-        assert 0 < sync["perf/weight_sync_sender_staging_bytes"] <= buffer + largest
+    for sync in syncs:  # --colocate: each rank hands its own engine its buffer (IPC, shared memory here)
+        assert sync["perf/weight_sync_ipc"] == 1.0
+        assert sync["perf/weight_sync_engine_staging_bytes"] == 0  # it copies out of the rank's buffer
+        # one buffer of the largest bucket (an oversize tensor is a bucket) plus one gathered parameter
+        assert 0 < sync["perf/weight_sync_sender_staging_bytes"] <= max(buffer, largest) + largest
+        assert sync["perf/weight_sync_sender_staging_bytes"] < sync["perf/weight_sync_bytes"]
     assert [r["rollout_id"] for r in rows] == [0, 1, 2]
     for key in PARITY_KEYS:
         assert [r[key] for r in rows] == [0.0, 0.0, 0.0], key
@@ -85,10 +88,12 @@ def test_lora_parity_is_exact_when_synced_and_a_skipped_weight_push_breaks_it(ra
         assert rows[0][key] == 0.0 and rows[2][key] == 0.0, key
     assert rows[1]["train/model_output_max_abs_diff"] > 0.0
     assert rows[1]["train/log_prob_abs_diff"] > 0.0
-    # the adapters went bucketed: one bucket, the whole update, staged once on each side
+    # the adapters went through the rank's IPC buffer: one bucket, the whole update, staged once by the
+    # rank and never by the engine
     syncs = weight_syncs(tmp_path)
     assert [s["rollout_id"] for s in syncs] == [1, 2]
-    assert all(s["perf/weight_sync_engine_staging_bytes"] == s["perf/weight_sync_bytes"] > 0 for s in syncs)
+    assert all(s["perf/weight_sync_ipc"] == 1.0 and s["perf/weight_sync_engine_staging_bytes"] == 0 for s in syncs)
+    assert all(s["perf/weight_sync_sender_staging_bytes"] == s["perf/weight_sync_bytes"] > 0 for s in syncs)
 
 
 def test_stop_on_parity_drift_ends_the_run_at_the_first_off_policy_rollout_naming_the_stale_tensors(

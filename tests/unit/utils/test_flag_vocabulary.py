@@ -4,6 +4,7 @@ scripts pass is the same here, mapped (the plan shows onto what), left out as ha
 
 from __future__ import annotations
 
+import argparse
 import re
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from miles.utils.validation import ConfigError
 
 ROOT = Path(__file__).resolve().parents[3]
 # The train_diffusion.py flags radixark/miles_diffusion's 28 scripts/run_*.py pass today (names only;
-# ci/sweep_launch_scripts.py runs the scripts themselves). --lora-ipc-weight-sync is the weight push's.
+# ci/sweep_launch_scripts.py runs the scripts themselves), and --lora-ipc-weight-sync.
 UPSTREAM_FLAGS = """
 --actor-num-gpus-per-node --actor-num-nodes --adam-beta2 --adam-eps --advantage-estimator --api-rm-config --clip-grad
 --colocate --colocate-reward --custom-convert-samples-to-train-data-path --custom-loss-function-path
@@ -162,6 +163,8 @@ def test_value_mapped_names_take_the_values_that_run_here():
     ("--rollout-patch-group wan", "patches the wan2_2 family, this run trains sd3"),
     ("--rollout-patch-group qwen_image21", "a model no family here runs"),
     ("--wandb-log-num-images 8", "without --use-wandb"),
+    ("--lora-ipc-weight-sync --colocate", "lacks --use-lora; fix: add --use-lora"),
+    ("--lora-ipc-weight-sync --use-lora --lora-rank 4", "lacks --colocate; fix"),
     ("--pickscore-num-frames 8 --rm-type brightness", "only the pickscore reward reads it"),
 ])
 def test_values_that_do_not_run_here_are_refused_in_one_line_naming_the_fix(words, message, capsys):
@@ -206,3 +209,12 @@ def test_names_of_what_always_happens_here_parse_unchanged_and_the_plan_says_so(
                       "(a trajectory holds all N+1)",
                       "--disable-wandb-random-suffix -> wandb run names without a random suffix: here they never "
                       "have one (--wandb-run-name as given)"]
+
+
+def test_lora_ipc_weight_sync_is_ours_and_holds_a_lora_run_to_the_colocated_ipc_push():
+    from miles.ray.weight_sync_group import push_transport
+
+    assert V.treatment("--lora-ipc-weight-sync") == V.SAME
+    ns = _parse("--lora-ipc-weight-sync --use-lora --lora-rank 4 --colocate")
+    assert ns["lora_ipc_weight_sync"] is True
+    assert push_transport(argparse.Namespace(**ns)) == "ipc"
