@@ -2,7 +2,7 @@
 """Runs a suite of recipe test cases on one node, packing them onto its GPUs, or on a Ray
 cluster of GPU nodes (--ray-address, or MILES_CI_RAY_ADDRESS), which places them.
 
-    python3 ci/run_suite.py --suite nightly --tier gpu --history-db ~/.cache/miles-ci/history.sqlite
+    python3 ci/run_suite.py --suite nightly-gpu --tier gpu --history-db ~/.cache/miles-ci/history.sqlite
     python3 ci/run_suite.py --suite-json suite.json --gpus 8 --plan
     python3 ci/run_suite.py --suite nightly-gpu --ray-address HEAD:6379 --retry-lost 1
 

@@ -39,7 +39,7 @@ def image_grid(images: list[torch.Tensor], columns: int | None = None) -> Image.
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python3 -m miles.rollout.sample", description=__doc__.splitlines()[0])
     p.add_argument("--hf-checkpoint", required=True)
     p.add_argument("--prompt", required=True)
     p.add_argument("--num-samples", type=int, default=4)
