@@ -148,8 +148,8 @@ SAMPLE = [
 SUITE = [
     _s("run_suite --gpus 0", "--gpus", "--suite", "nightly-gpu", "--tier", "gpu", "--gpus", "0", "--plan"),
     _s("run_suite --gpus -2 --plan", "--gpus", "--suite", "nightly-gpu", "--tier", "gpu", "--gpus", "-2", "--plan"),
-    _s("run_suite --plan with unreachable --ray-address", "--ray-address", "--suite", "nightly-gpu", "--tier",
-       "gpu", "--ray-address", "127.0.0.1:2", "--gpus", "8", "--plan"),
+    _s("run_suite --plan --ray-address without --gpus", "--ray-address", "--suite", "nightly-gpu", "--tier",
+       "gpu", "--ray-address", "127.0.0.1:2", "--plan"),
     _s("run_suite unreachable --ray-address", "--ray-address", "--suite", "nightly-gpu", "--tier", "gpu",
        "--ray-address", "127.0.0.1:2", fast=False, timeout=90.0),
     _s("run_suite malformed --ray-address", "--ray-address", "--suite", "nightly-gpu", "--tier", "gpu",
