@@ -141,8 +141,8 @@ SAMPLE = [
        "x", "--out", "{tmp}/g.png", "--device", "cuda"),
     _m("miles.rollout.sample", "sample missing checkpoint", "--hf-checkpoint", "--hf-checkpoint", "{tmp}/none",
        "--prompt", "x", "--out", "{tmp}/g.png"),
-    _m("miles.rollout.sample", "sample --out in missing dir", "--out", "--hf-checkpoint", "{ckpt}", "--prompt", "x",
-       "--out", "{tmp}/no/such/dir/g.png"),
+    _m("miles.rollout.sample", "sample --width 100", "--width", "--hf-checkpoint", "{ckpt}", "--prompt", "x",
+       "--out", "{tmp}/g.png", "--width", "100"),
 ]
 
 SUITE = [
