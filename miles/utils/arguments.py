@@ -265,7 +265,7 @@ def _sampling(parser) -> None:
     g.add_argument("--rollout-microgroup-size", type=positive_int, default=None,
                    help="samples of a prompt an engine denoises as one batch (one model forward per step; "
                         "each train forward is one such microgroup at one timestep); unset: all of them")
-    g.add_argument("--rollout-seed", type=any_int, default=42, help="seed of rollout noise and prompt order")
+    g.add_argument("--rollout-seed", type=non_negative_int, default=42, help="seed of rollout noise and prompt order")
     _switch(g, "--rollout-shuffle", "shuffle the prompt order each epoch")
 
 
@@ -338,7 +338,7 @@ def _optimizer(parser) -> None:
     g.add_argument("--adam-eps", type=positive_float, default=1e-8, help="Adam epsilon")
     g.add_argument("--weight-decay", type=non_negative_float, default=0.0, help="decoupled weight decay")
     g.add_argument("--clip-grad", type=non_negative_float, default=1.0, help="max grad norm; 0 disables")
-    g.add_argument("--seed", type=any_int, default=1234, help="seed of the trainer")
+    g.add_argument("--seed", type=non_negative_int, default=1234, help="seed of the trainer")
 
 
 def _lora(parser) -> None:
