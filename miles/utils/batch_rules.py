@@ -149,6 +149,12 @@ def micro_batch_spec(ns: Namespace) -> MicroBatchSpec:
             f"--micro-batch-size-sample {tile[0]} and --micro-batch-size-tstep {tile[1]}: a 2D tile "
             f"needs both; fix: set both, or neither to use the flat --micro-batch-size"
         )
+    if tile[0] is not None and (ns.micro_batch_size or 1) > 1:
+        raise ConfigError(
+            f"--micro-batch-size {ns.micro_batch_size} has no effect beside the 2D tile --micro-batch-size-sample "
+            f"{tile[0]} --micro-batch-size-tstep {tile[1]}, which sets the micro-batch; fix: change the tile "
+            f"flags instead, or drop --micro-batch-size"
+        )
     if ns.micro_batch_size is None and tile[0] is None:
         group = rollout_microgroup(ns)
         tile = (group, 1) if group else tile
