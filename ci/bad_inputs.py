@@ -103,7 +103,7 @@ TRAIN = [
 ]
 
 EXPORT = [
-    _m("miles.export", "export missing source", "{tmp}/none", "{tmp}/none", "--out", "{tmp}/x"),
+    _m("miles.export", "export missing source", "does not exist", "{tmp}/none", "--out", "{tmp}/x"),
     _m("miles.export", "export --out inside run", "--out", "{run}", "--out", "{run}/exp", setup="run"),
     _m("miles.export", "export --out = run --overwrite", "--out", "{run}", "--out", "{run}", "--overwrite",
        setup="run"),
