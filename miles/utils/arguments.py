@@ -292,7 +292,10 @@ def _model(parser) -> None:
 def _algorithm(parser) -> None:
     g = parser.add_argument_group("algorithm")
     g.add_argument("--loss-type", choices=LOSS_TYPES, default="policy_loss", help="training objective")
-    g.add_argument("--custom-loss-function-path", default=None, help="loss function pkg.mod:fn")
+    g.add_argument("--custom-loss-function-path", default=None,
+                   help="pkg.mod:fn, a function `def loss(args, inputs) -> (loss, metrics)`: inputs is "
+                        "miles.backends.loss.PolicyLossInputs, loss a scalar tensor, metrics a dict of tensors "
+                        "(the preflight checks it takes 2 positional arguments)")
     g.add_argument("--advantage-estimator", choices=("grpo",), default="grpo", help="advantage estimator")
     g.add_argument("--diffusion-clip-range", type=positive_float, default=1e-4, help="PPO ratio clip eps")
     g.add_argument("--diffusion-adv-clip-max", type=positive_float, default=5.0, help="advantage clamp")
