@@ -105,10 +105,10 @@ def check_script_counts(options) -> None:
             continue
         flag = "--" + f.name.replace("_", "-")
         if f.name.endswith("seed") and value < 0:
-            raise ScriptOptionError(f"{flag}: must be >= 0, got {value} (a seed); fix: pick a seed >= 0")
+            raise ScriptOptionError(f"{flag}: must be >= 0 (a seed), got {flag} {value}; fix: pick a seed >= 0")
         counts = f.name.startswith("num_") or f.name.endswith(("_ranks", "_gpus", "_nodes"))
         if counts and value < 1 and f.name != "num_gpus_per_node":
-            raise ScriptOptionError(f"{flag}: must be >= 1, got {value}; fix: give {flag} 1 or more")
+            raise ScriptOptionError(f"{flag}: must be >= 1, got {flag} {value}; fix: give {flag} 1 or more")
 
 
 @dataclass
