@@ -116,7 +116,7 @@ EXPORT = [
     _m("miles.export", "export --ema without EMA", "--ema", "{run}", "--out", "{tmp}/x", "--ema", setup="run"),
     _m("miles.export", "export truncated weights", "model_transformer", "{run}", "--out", "{tmp}/x",
        setup="run_truncated"),
-    _m("miles.export", "export existing --out", "--overwrite", "{run}", "--out", "{tmp}", setup="run"),
+    _m("miles.export", "export --out containing the run", "--out", "{run}", "--out", "{tmp}", setup="run"),
 ]
 
 REPLAY = [

@@ -90,12 +90,27 @@ def export(args: argparse.Namespace) -> Path:
     except (OSError, RuntimeError, ValueError, SafetensorError) as err:  # a corrupt file, a full disk
         shutil.rmtree(partial, ignore_errors=True)
         reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
-        raise ExportError(f"exporting {source.checkpoint} failed ({type(err).__name__}: {reason}); "
-                          f"--out {out} was not written") from err
+        where = unreadable_file(source.checkpoint) or source.checkpoint
+        raise ExportError(f"exporting {source.checkpoint} failed: {where} ({type(err).__name__}: {reason}); "
+                          f"--out {out} was not written; fix: export another rollout (--rollout N) or restore "
+                          f"that file") from err
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
         raise
     return out
+
+
+def unreadable_file(checkpoint: Path) -> Path | None:
+    """The first safetensors file of the checkpoint whose header does not read (truncated, corrupt)."""
+    from safetensors import safe_open
+
+    for path in sorted(checkpoint.rglob("*.safetensors")):
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                f.keys()
+        except Exception:  # any failure to read it is what we are looking for
+            return path
+    return None
 
 
 def write_export(folder: Path, source, args: argparse.Namespace) -> None:
