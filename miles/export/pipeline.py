@@ -16,7 +16,12 @@ from pathlib import Path
 
 
 def link_or_copy(src: Path, dst: Path) -> None:
+    """A link shares the base file's mode: a private one (0600, as safetensors writes) is copied
+    instead, so the export's files get the ordinary permissions a team can read."""
     dst.parent.mkdir(parents=True, exist_ok=True)
+    if not src.stat().st_mode & 0o044:
+        shutil.copy(src, dst)
+        return
     try:
         os.link(src, dst)
     except OSError:  # another file system, or links not allowed there
