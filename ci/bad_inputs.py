@@ -122,7 +122,7 @@ EXPORT = [
 REPLAY = [
     _m("miles.replay", "replay missing recipe", "nope.py", "scripts/nope.py"),
     _m("miles.replay", "replay --scale bogus", "--scale", SD3_OCR, "--scale", "bogus"),
-    _m("miles.replay", "replay a CPU recipe", "CPU", TINY),
+    _m("miles.replay", "replay a CPU recipe", "runs on CPU only", TINY),
     _m("miles.replay", "replay --depth bad", "--depth", SD3_OCR, "--depth", "deep"),
 ]
 
