@@ -112,7 +112,10 @@ def train(args: Namespace, plan: BatchPlan) -> int:
     loading = refuse_foreign_checkpoints(args)  # before Ray: a refused run starts nothing
     owns_ray = not ray.is_initialized()  # a caller's own connection (tests run us in-process) is theirs to end
     if owns_ray:
-        ray.init(address=_job_ray_address())
+        # Ray's own INFO line names the GCS by the host's routable address, while the launcher and the
+        # plan say 127.0.0.1: its banner is silenced and one line of ours names the address as given
+        ray.init(address=_job_ray_address(), logging_level="WARNING")
+        print(f"driver: connected to the Ray cluster at {_job_ray_address() or 'the local one'}", flush=True)
     faults.configure(args)
     placement, pg = place_run(args)  # waits for --num-nodes nodes; refuses a layout they can never hold
     trainer = None if args.debug_rollout_only else TrainActorGroup(args, plan, placement, pg, runtime_env)

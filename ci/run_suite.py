@@ -2,7 +2,7 @@
 """Runs a suite of recipe test cases on one node, packing them onto its GPUs, or on a Ray
 cluster of GPU nodes (--ray-address, or MILES_CI_RAY_ADDRESS), which places them.
 
-    python3 ci/run_suite.py --suite nightly --tier gpu --history-db ~/.cache/miles-ci/history.sqlite
+    python3 ci/run_suite.py --suite nightly-gpu --tier gpu --history-db ~/.cache/miles-ci/history.sqlite
     python3 ci/run_suite.py --suite-json suite.json --gpus 8 --plan
     python3 ci/run_suite.py --suite nightly-gpu --ray-address HEAD:6379 --retry-lost 1
 
@@ -40,6 +40,19 @@ NODE_LOST_EXIT = 3  # nothing failed but cases whose node died (and were not rer
 RAY_ADDRESS_ENV = "MILES_CI_RAY_ADDRESS"
 
 
+def count(least: int):
+    """An argparse type: an int >= least, refused in one line naming the value otherwise."""
+    def parse(value: str) -> int:
+        try:
+            number = int(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
+        if number < least:
+            raise argparse.ArgumentTypeError(f"must be >= {least}, got {number}")
+        return number
+    return parse
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--suite", help="run the cases whose suites include NAME")
@@ -53,9 +66,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help='take cases from this file ([{"name", "gpus", "est_time", ...}]) '
                         "instead of collecting them from the harness")
     p.add_argument("--tests", default="tests/e2e", help="where the harness's cases live")
-    p.add_argument("--gpus", type=int, help="node size (default: CUDA_VISIBLE_DEVICES, else NVML)")
-    p.add_argument("--cpu-jobs", type=int, default=2, help="CPU-only cases run at once")
-    p.add_argument("--plan", action="store_true", help="print the schedule, run nothing")
+    p.add_argument("--gpus", type=count(1), help="node size (default: CUDA_VISIBLE_DEVICES, else NVML)")
+    p.add_argument("--cpu-jobs", type=count(1), default=2, help="CPU-only cases run at once")
+    p.add_argument("--plan", action="store_true",
+                   help="print the schedule, run nothing; contacts no cluster (with --ray-address: plans "
+                        "on --gpus N)")
     p.add_argument("--plan-json", type=Path, help="write the schedule as JSON")
     p.add_argument("--out", type=Path, help="logs, results, JUnit and summary (default logs/ci/...)")
     p.add_argument("--junit", type=Path, help="JUnit XML path (default OUT/junit.xml)")
@@ -63,7 +78,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--history-db", type=Path, help="SQLite history for the speed and memory gate")
     p.add_argument("--thresholds", type=Path, default=DEFAULT_THRESHOLDS,
                    help="gate thresholds, defaults and per test (YAML)")
-    p.add_argument("--search-iterations", type=int, default=1500,
+    p.add_argument("--search-iterations", type=count(0), default=1500,
                    help="local-search steps spent improving the packing")
     p.add_argument("--gpu-wait", type=float, default=DEFAULT_GPU_WAIT,
                    help="seconds a GPU case's lease may wait for its GPUs to show free (0: off)")
@@ -75,9 +90,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--ray-working-dir", type=Path,
                    help="upload this directory to the nodes as the cases' working dir, "
                         "instead of finding the repository at --workdir on each node")
-    p.add_argument("--retry-lost", type=int, default=0,
+    p.add_argument("--retry-lost", type=count(0), default=0,
                    help="Ray mode: rerun a case this many times when its node dies under it")
-    p.add_argument("--gpu-shares", type=int, default=1,
+    p.add_argument("--gpu-shares", type=count(1), default=1,
                    help="split each GPU into this many shares and pack one-GPU cases that state "
                         "their gpu_memory_gib onto them by memory (several cases on one device; "
                         "one GPU on a single node)")
@@ -304,10 +319,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cases = gather_cases(args)
     except (CollectError, OSError, ValueError) as err:
-        print(err, file=sys.stderr)
+        where = f"--suite-json {args.suite_json}: " if args.suite_json else ""
+        print(f"error: {where}{err}", file=sys.stderr)
         return USAGE_ERROR
     if not cases:
-        print("no case matches the selection", file=sys.stderr)
+        chosen = " ".join([f"--suite {args.suite}"] * bool(args.suite) + [f"--case {c}" for c in args.cases]
+                          + [f"--tier {t}" for t in args.tier] + [f"--label {x}" for x in args.label])
+        print(f"error: no case matches {chosen or 'the selection'}; fix: pick a suite and cases the harness has "
+              f"(python3 -m pytest {args.tests} --collect-only -q lists them)", file=sys.stderr)
         return USAGE_ERROR
     unset = [name for name in args.case_env if name not in os.environ]
     if unset:
@@ -319,7 +338,20 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as err:
         print(err, file=sys.stderr)
         return USAGE_ERROR
-    if args.ray_address:
+    if args.ray_address and args.plan:
+        if args.gpus is None:
+            print(f"error: --plan with --ray-address {args.ray_address} plans without contacting the cluster; "
+                  f"fix: give its GPU count as --gpus N", file=sys.stderr)
+            return USAGE_ERROR
+        print(f"planning for --gpus {args.gpus}; the cluster at {args.ray_address} is not contacted by --plan")
+    elif args.ray_address:
+        from ci.ray_reach import RayAddressError, check_reachable
+
+        try:
+            check_reachable(args.ray_address)
+        except RayAddressError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return USAGE_ERROR
         return run_on_ray(args, cases)
     labels = visible_gpu_labels(args.gpus)
     if spec:

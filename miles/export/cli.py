@@ -90,17 +90,33 @@ def export(args: argparse.Namespace) -> Path:
     except (OSError, RuntimeError, ValueError, SafetensorError) as err:  # a corrupt file, a full disk
         shutil.rmtree(partial, ignore_errors=True)
         reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
-        raise ExportError(f"exporting {source.checkpoint} failed ({type(err).__name__}: {reason}); "
-                          f"--out {out} was not written") from err
+        where = unreadable_file(source.checkpoint) or source.checkpoint
+        raise ExportError(f"exporting {source.checkpoint} failed: {where} ({type(err).__name__}: {reason}); "
+                          f"--out {out} was not written; fix: export another rollout (--rollout N) or restore "
+                          f"that file") from err
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
         raise
     return out
 
 
+def unreadable_file(checkpoint: Path) -> Path | None:
+    """The first safetensors file of the checkpoint whose header does not read (truncated, corrupt)."""
+    from safetensors import safe_open
+
+    for path in sorted(checkpoint.rglob("*.safetensors")):
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                f.keys()
+        except Exception:  # any failure to read it is what we are looking for
+            return path
+    return None
+
+
 def write_export(folder: Path, source, args: argparse.Namespace) -> None:
     from miles.export.card import model_card
     from miles.export.destination import write_marker
+    from miles.export.load_snippet import how_to_load
     from miles.export.lora import write_lora
     from miles.export.pipeline import add_base_components
     from miles.export.tensors import EMA, MODEL, open_tensors
@@ -118,32 +134,11 @@ def write_export(folder: Path, source, args: argparse.Namespace) -> None:
         files = [write_transformer(folder, source.base / c, c, reader, kind, args.max_shard_size).name + "/"
                  for c in components]
         if args.pipeline:
-            add_base_components(folder, source.base, components)
-    (folder / "README.md").write_text(model_card(source, kind, files, how_to_load(source, components, args)))
+            add_base_components(folder, source.base, components, source.family)
+    (folder / "README.md").write_text(model_card(source, kind, files,
+                                                 how_to_load(source, components, args.out, args.pipeline)))
     write_marker(folder, source)
     _ordinary_permissions(folder)
-
-
-def how_to_load(source, components: list[str], args: argparse.Namespace) -> str:
-    from miles.models.registry import get_family
-
-    pipeline = get_family(source.family).pipeline_class
-    head = f"import diffusers\nbase = {str(source.base)!r}\nexport = {str(args.out)!r}\n"
-    if source.lora is not None:
-        from miles.export.lora import weight_name
-
-        lines = [f"pipe = diffusers.{pipeline}.from_pretrained(base)"]
-        for c in components:
-            target = "" if c == "transformer" else ", load_into_transformer_2=True"
-            lines.append(f"pipe.load_lora_weights(export, weight_name={weight_name(c)!r}{target})"
-                         if hasattr(_diffusers_class(pipeline), "load_lora_weights") else
-                         f"pipe.{c}.load_lora_adapter(export, weight_name={weight_name(c)!r}, prefix='transformer')")
-        return head + "\n".join(lines)
-    if args.pipeline:
-        return head + f"pipe = diffusers.{pipeline}.from_pretrained(export)"
-    lines = [f"pipe = diffusers.{pipeline}.from_pretrained(base)"]
-    lines += [f"pipe.{c} = type(pipe.{c}).from_pretrained(export, subfolder={c!r})" for c in components]
-    return head + "\n".join(lines)
 
 
 def _ordinary_permissions(folder: Path) -> None:
@@ -157,12 +152,6 @@ def _ordinary_permissions(folder: Path) -> None:
             path.chmod(0o777 & ~umask)
         elif not path.is_symlink() and path.stat().st_nlink == 1:
             path.chmod(0o666 & ~umask)
-
-
-def _diffusers_class(name: str):
-    import diffusers
-
-    return getattr(diffusers, name)
 
 
 def _replace(partial: Path, out: Path) -> None:

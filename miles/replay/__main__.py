@@ -13,7 +13,7 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python3 -m miles.replay", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python3 -m miles.replay", description=__doc__.split("\n\n")[0].replace("\n", " "))
     parser.add_argument("recipe", help="a recipe script, e.g. scripts/run_diffusion_grpo_wan22_pickscore_5gpu.py")
     parser.add_argument("--scale", default="full", help="a GPU scale of the recipe (full, gpu-proxy, 1gpu-proxy)")
     parser.add_argument("--depth", choices=("released", "extrapolated"), default="released",

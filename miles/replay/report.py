@@ -164,6 +164,9 @@ def replay_recipe(recipe: str | Path, scale: str, extrapolate: bool = False) -> 
         raise ReplayInputError(f"recipe {recipe}: no such file; pass a scripts/run_*.py path")
     scales = recipe_scales(path)
     if scale not in scales:
+        if not scales:
+            raise ReplayInputError(f"{path.name} runs on CPU only: it has no GPU scale to replay; fix: replay a GPU "
+                                   f"recipe (scripts/run_*.py other than the tiny CPU one)")
         raise ReplayInputError(f"--scale {scale}: {path.name} has the GPU scales {scales}; pick one of them")
     ns, plan = recipe_flags(path, scale)
     try:

@@ -38,37 +38,73 @@ def image_grid(images: list[torch.Tensor], columns: int | None = None) -> Image.
     return Image.fromarray(pixels)
 
 
+def at_least(least: int, multiple: int = 1):
+    """An argparse type: an int >= least (and a multiple of `multiple`), else one line naming it."""
+    def parse(value: str) -> int:
+        try:
+            number = int(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
+        if number < least:
+            raise argparse.ArgumentTypeError(f"must be >= {least}, got {number}")
+        if number % multiple:
+            raise argparse.ArgumentTypeError(f"must be a multiple of {multiple} (the VAE's 8x downsampling times "
+                                             f"the transformer's 2x2 patch), got {number}; fix: use "
+                                             f"{max(multiple, number - number % multiple)}")
+        return number
+    return parse
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python3 -m miles.rollout.sample", description=__doc__.splitlines()[0])
     p.add_argument("--hf-checkpoint", required=True)
     p.add_argument("--prompt", required=True)
-    p.add_argument("--num-samples", type=int, default=4)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--num-samples", type=at_least(1), default=4)
+    p.add_argument("--seed", type=at_least(0), default=0)
     p.add_argument("--out", required=True)
     p.add_argument("--family", default=None, help="default: from the checkpoint")
-    p.add_argument("--num-steps", type=int, default=10)
-    p.add_argument("--height", type=int, default=64)
-    p.add_argument("--width", type=int, default=64)
-    p.add_argument("--num-frames", type=int, default=None, help="video families; default 5")
+    p.add_argument("--num-steps", type=at_least(1), default=10)
+    p.add_argument("--height", type=at_least(16, 16), default=64)
+    p.add_argument("--width", type=at_least(16, 16), default=64)
+    p.add_argument("--num-frames", type=at_least(1), default=None, help="video families; default 5")
     p.add_argument("--guidance-scale", type=float, default=4.0)
     p.add_argument("--guidance-scale-2", type=float, default=None, help="Wan2.2's low-noise expert (required there)")
     p.add_argument("--negative-prompt", default="")
     p.add_argument("--sde-type", default=None, choices=("sde", "ode", "cps"), help="default: the family's")
     p.add_argument("--noise-level", type=float, default=0.7)
-    p.add_argument("--device", default=None, help="default: cuda when available, else cpu")
+    p.add_argument("--device", default=None, choices=("cpu", "cuda"), help="default: cuda when available, else cpu")
     return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> Path:
     args = parse_args(argv)
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            _fail("--device cuda: this machine has no CUDA device torch can use; fix: --device cpu (or drop --device)")
+    if not Path(args.hf_checkpoint).is_dir():
+        _fail(f"--hf-checkpoint {args.hf_checkpoint}: no such directory; fix: give a checkpoint folder "
+              f"(model_index.json inside)")
     try:
         return _sample(args)
-    except (OSError, ValueError, KeyError) as err:  # a missing or corrupt checkpoint, a bad option value
+    except (OSError, ValueError, KeyError) as err:  # a corrupt checkpoint, a value the family refuses
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        print(f"error: cannot sample {args.hf_checkpoint}: {type(err).__name__}: {reason}; fix: check the "
-              f"checkpoint (or recreate it: python3 -m miles.proxy_assets.checkpoint ... --out DIR)",
-              file=sys.stderr, flush=True)
-        raise SystemExit(1) from None
+        _fail(f"--hf-checkpoint {args.hf_checkpoint}: cannot sample: {type(err).__name__}: {reason}; fix: check the "
+              f"checkpoint (or recreate it: python3 -m miles.proxy_assets.checkpoint ... --out DIR)")
+    except Exception as err:  # anything else: one line here, the traceback in a log beside --out
+        log = Path(args.out).with_suffix(".error.log")
+        import traceback
+
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text(traceback.format_exc())
+        _fail(f"sampling {args.hf_checkpoint} failed ({type(err).__name__}: {str(err).splitlines()[0][:200]}); "
+              f"traceback in {log}")
+
+
+def _fail(line: str):
+    print(f"python3 -m miles.rollout.sample: error: {line}", file=sys.stderr, flush=True)
+    raise SystemExit(1)
 
 
 def _sample(args: argparse.Namespace) -> Path:

@@ -265,7 +265,7 @@ def _sampling(parser) -> None:
     g.add_argument("--rollout-microgroup-size", type=positive_int, default=None,
                    help="samples of a prompt an engine denoises as one batch (one model forward per step; "
                         "each train forward is one such microgroup at one timestep); unset: all of them")
-    g.add_argument("--rollout-seed", type=any_int, default=42, help="seed of rollout noise and prompt order")
+    g.add_argument("--rollout-seed", type=non_negative_int, default=42, help="seed of rollout noise and prompt order")
     _switch(g, "--rollout-shuffle", "shuffle the prompt order each epoch")
 
 
@@ -294,7 +294,10 @@ def _model(parser) -> None:
 def _algorithm(parser) -> None:
     g = parser.add_argument_group("algorithm")
     g.add_argument("--loss-type", choices=LOSS_TYPES, default="policy_loss", help="training objective")
-    g.add_argument("--custom-loss-function-path", default=None, help="loss function pkg.mod:fn")
+    g.add_argument("--custom-loss-function-path", default=None,
+                   help="pkg.mod:fn, a function `def loss(args, inputs) -> (loss, metrics)`: inputs is "
+                        "miles.backends.loss.PolicyLossInputs, loss a scalar tensor, metrics a dict of tensors "
+                        "(the preflight checks it takes 2 positional arguments)")
     g.add_argument("--advantage-estimator", choices=("grpo",), default="grpo", help="advantage estimator")
     g.add_argument("--diffusion-clip-range", type=positive_float, default=1e-4, help="PPO ratio clip eps")
     g.add_argument("--diffusion-adv-clip-max", type=positive_float, default=5.0, help="advantage clamp")
@@ -340,7 +343,7 @@ def _optimizer(parser) -> None:
     g.add_argument("--adam-eps", type=positive_float, default=1e-8, help="Adam epsilon")
     g.add_argument("--weight-decay", type=non_negative_float, default=0.0, help="decoupled weight decay")
     g.add_argument("--clip-grad", type=non_negative_float, default=1.0, help="max grad norm; 0 disables")
-    g.add_argument("--seed", type=any_int, default=1234, help="seed of the trainer")
+    g.add_argument("--seed", type=non_negative_int, default=1234, help="seed of the trainer")
 
 
 def _lora(parser) -> None:

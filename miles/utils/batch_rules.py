@@ -149,6 +149,12 @@ def micro_batch_spec(ns: Namespace) -> MicroBatchSpec:
             f"--micro-batch-size-sample {tile[0]} and --micro-batch-size-tstep {tile[1]}: a 2D tile "
             f"needs both; fix: set both, or neither to use the flat --micro-batch-size"
         )
+    if tile[0] is not None and (ns.micro_batch_size or 1) > 1:
+        raise ConfigError(
+            f"--micro-batch-size {ns.micro_batch_size} has no effect beside the 2D tile --micro-batch-size-sample "
+            f"{tile[0]} --micro-batch-size-tstep {tile[1]}, which sets the micro-batch; fix: change the tile "
+            f"flags instead, or drop --micro-batch-size"
+        )
     if ns.micro_batch_size is None and tile[0] is None:
         group = rollout_microgroup(ns)
         tile = (group, 1) if group else tile
@@ -209,11 +215,13 @@ def _rollout_tile_fix(ns: Namespace, dp_size: int, steps_per_rollout: int) -> st
     """The first of the usual layouts that reproduces the rollout tile under these flags."""
     group = rollout_microgroup(ns)
     flat = {"micro_batch_size_sample": None, "micro_batch_size_tstep": None}
+    instead = f" (in place of --micro-batch-size {ns.micro_batch_size})" if ns.micro_batch_size else ""
     candidates = [
-        (f"--micro-batch-size-sample {group} --micro-batch-size-tstep 1",
-         {"micro_batch_size_sample": group, "micro_batch_size_tstep": 1}),
-        (f"--micro-batch-size-sample {group} --micro-batch-size-tstep 1 --train-dp-split-mode contiguous",
-         {"micro_batch_size_sample": group, "micro_batch_size_tstep": 1, "train_dp_split_mode": "contiguous"}),
+        (f"--micro-batch-size-sample {group} --micro-batch-size-tstep 1{instead}",
+         {"micro_batch_size_sample": group, "micro_batch_size_tstep": 1, "micro_batch_size": None}),
+        (f"--micro-batch-size-sample {group} --micro-batch-size-tstep 1 --train-dp-split-mode contiguous{instead}",
+         {"micro_batch_size_sample": group, "micro_batch_size_tstep": 1, "train_dp_split_mode": "contiguous",
+          "micro_batch_size": None}),
         (f"--micro-batch-size {group} (one trained step per sample)", {**flat, "micro_batch_size": group}),
         ("--rollout-microgroup-size 1 --micro-batch-size 1",
          {**flat, "rollout_microgroup_size": 1, "micro_batch_size": 1}),

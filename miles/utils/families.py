@@ -86,9 +86,27 @@ def match_family(checkpoint: str) -> str | None:
     return None
 
 
+def recorded_family(checkpoint: str | None) -> str | None:
+    """The family our own checkpoints record in model_index.json (`_miles_family`), or None."""
+    import json
+    from pathlib import Path
+
+    index = Path(checkpoint or "") / "model_index.json"
+    try:
+        return json.loads(index.read_text()).get("_miles_family") if checkpoint and index.is_file() else None
+    except (OSError, ValueError):
+        return None
+
+
 def resolve_family(explicit: str | None, checkpoint: str | None) -> str:
     """`--diffusion-model-family` if given, else matched from the checkpoint's name."""
     if explicit:
+        recorded = recorded_family(checkpoint)
+        if recorded and recorded != get_family_facts(explicit).name:
+            raise UnknownFamilyError(
+                f"--diffusion-model-family {explicit}: --hf-checkpoint {checkpoint} is a {recorded} checkpoint "
+                f"(its model_index.json says so); fix: drop --diffusion-model-family (or pass {recorded}), or give "
+                f"a {explicit} checkpoint")
         return get_family_facts(explicit).name
     matched = match_family(checkpoint or "")
     if matched is None:

@@ -42,6 +42,10 @@ def process_started_at() -> float:
         return time.time()
 
 
+def seconds_since_process_start() -> float:
+    return time.time() - process_started_at()
+
+
 def read_marks(path: str | Path) -> list[dict]:
     path = Path(path)
     if not path.is_file():

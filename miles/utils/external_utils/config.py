@@ -93,6 +93,24 @@ def _redacted_extra_env_vars(text: str) -> str:
     return shlex.join(f"{k}={v}" for k, v in redact_env(env).items()) or "''"
 
 
+def check_script_counts(options) -> None:
+    """A recipe's own int options by their names: a seed is >= 0, a count of rollouts, ranks or
+    GPUs is >= 1; refused here, naming the recipe's flag, before train_diffusion.py sees what
+    they became (a --train-ranks 0 would otherwise surface as --rollout-num-gpus)."""
+    import dataclasses
+
+    for f in dataclasses.fields(options):
+        value = getattr(options, f.name)
+        if not isinstance(value, int) or isinstance(value, bool):
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        if f.name.endswith("seed") and value < 0:
+            raise ScriptOptionError(f"{flag}: must be >= 0 (a seed), got {flag} {value}; fix: pick a seed >= 0")
+        counts = f.name.startswith("num_") or f.name.endswith(("_ranks", "_gpus", "_nodes"))
+        if counts and value < 1 and f.name != "num_gpus_per_node":
+            raise ScriptOptionError(f"{flag}: must be >= 1, got {flag} {value}; fix: give {flag} 1 or more")
+
+
 @dataclass
 class ExecuteTrainConfig:
     """Options every recipe shares; a recipe's ScriptArgs inherits them."""
@@ -154,6 +172,7 @@ class ExecuteTrainConfig:
         try:
             register_secret_names(parse_secret_env(self.secret_env))
             check_run_id(self.run_id)
+            check_script_counts(self)
             if int(self.max_restarts) < 0:
                 raise ScriptOptionError(f"--max-restarts {self.max_restarts}: must be 0 or more")
             parse_extra_env_vars(self.extra_env_vars)

@@ -297,8 +297,17 @@ def pgids_of(pids: Iterable[int]) -> list[int]:
     return sorted(groups)
 
 
-def print_exec(cmd: str) -> None:
-    print(f"EXEC: {cmd}", flush=True)
+LONG_EXEC = 300  # characters: a longer command shown whole would fill a screen
+
+
+def print_exec(cmd: str, full_to: Path | None = None) -> None:
+    """`EXEC: <cmd>`; with `full_to`, a long command is written there whole and shown cut,
+    naming that file."""
+    if full_to is None or len(cmd) <= LONG_EXEC:
+        print(f"EXEC: {cmd}", flush=True)
+        return
+    Path(full_to).write_text(cmd + "\n")
+    print(f"EXEC: {cmd[:160]} ... ({len(cmd)} characters; the whole command: {full_to})", flush=True)
 
 
 # What this process ran through exec_command before the launch was planned: a recipe's prepare()

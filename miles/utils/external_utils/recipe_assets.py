@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 from typing import NamedTuple, Optional, Protocol
 
@@ -42,6 +43,18 @@ class Assets(NamedTuple):
     pickscore: str = ""  # "" when the reward needs no PickScore model
 
 
+@contextmanager
+def _writable(flag: str, folder: Path):
+    """prepare()'s writes under a recipe's folder option: a folder it cannot write is one line
+    naming the option (exit 2), not a traceback."""
+    try:
+        yield
+    except OSError as err:
+        print(f"error: {flag} {folder}: cannot write there ({err.strerror or err}: {err.filename or folder}); "
+              f"fix: give {flag} a folder you can write to", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
+
+
 def ensure_recipe_checkpoint(family: str, size: Optional[str], model_dir: PathLike, released: str = "") -> str:
     """size None: the released checkpoint, `<model-dir>/<released>` when that folder exists, else
     fetched from the Hub (released_assets.RELEASED_CHECKPOINTS); else ours,
@@ -54,7 +67,8 @@ def ensure_recipe_checkpoint(family: str, size: Optional[str], model_dir: PathLi
         return str(cached)
     from miles.proxy_assets.checkpoint import ensure_checkpoint
 
-    return str(ensure_checkpoint(family, size, SEED, model_dir))
+    with _writable("--model-dir", model_dir):
+        return str(ensure_checkpoint(family, size, SEED, model_dir))
 
 
 def refuse_unrunnable_release(family: str, released: str, model_dir: Path) -> None:
@@ -99,9 +113,10 @@ def ensure_prompt_files(
     if not is_dry_run():
         from miles.proxy_assets.prompts import ensure_prompt_file
 
-        ensure_prompt_file(kind, prompt_data, num_prompts=num_prompts, seed=0)
-        if eval_prompt_data is not None:
-            ensure_prompt_file(kind, eval_prompt_data, num_prompts=eval_prompts, seed=1)
+        with _writable("--data-dir", data_dir):
+            ensure_prompt_file(kind, prompt_data, num_prompts=num_prompts, seed=0)
+            if eval_prompt_data is not None:
+                ensure_prompt_file(kind, eval_prompt_data, num_prompts=eval_prompts, seed=1)
     return str(prompt_data), str(eval_prompt_data or "")
 
 

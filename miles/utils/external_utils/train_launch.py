@@ -567,10 +567,10 @@ def _append_traceback(path: Path, secrets: list[str]) -> None:
 def _results_line(launch: _Launch) -> str:
     run_dir = Path(launch.plan.run_dir)
     save = flag_values(launch.plan.argv).get("--save")
-    parts = [f"results: run dir {run_dir}", f"curves {run_dir / 'curves.png'}",
-             f"samples {run_dir / 'last_rollout.png'}",
+    parts = [f"results: run dir {run_dir}", f"curves {run_dir / 'curves.png'}", f"samples {run_dir / 'last_rollout.png'}",
              f"checkpoint {save}" if save else "checkpoint none (no --save)"]
-    return "; ".join(parts + _parity_summary(run_dir))
+    after = f"next: python3 -m miles.export {run_dir} --out DIR" if save else "no checkpoint to export"
+    return "; ".join(parts + _parity_summary(run_dir)) + f"\ndone in {phases.seconds_since_process_start():.0f} s; {after}"
 
 
 def _parity_summary(run_dir: Path) -> list[str]:
@@ -606,7 +606,7 @@ def _submit_when_ready(
         _call_hook(hook, ClusterInfo(launch.job.address, gcs_address, launch.plan.run_dir))
     if launch.node is None or config.num_nodes > 1:
         _refuse_layout_the_cluster_cannot_hold(launch)
-    print_exec(redact_text(launch.job.display_command(), launch.secrets))
+    print_exec(redact_text(launch.job.display_command(), launch.secrets), Path(launch.plan.run_dir) / "job_command.txt")
     phases.mark("job_submit")
     return submit_and_follow(launch.job, Path(launch.plan.run_dir) / JOB_LOG, launch.secrets, causes)
 

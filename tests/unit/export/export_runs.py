@@ -64,9 +64,10 @@ def write_run_records(run_dir: Path, argv: list[str], rollout_id: int) -> None:
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
-def make_run(run_dir: Path, base: Path, family: str, *, lora: bool, ema: bool = False, rollout_id: int = 2):
+def make_run(run_dir: Path, base: Path, family: str, *, lora: bool, ema: bool = False, rollout_id: int = 2,
+             extra: tuple[str, ...] = ()):
     """A run dir with run.json, metrics.jsonl and one committed checkpoint; returns (run dir, rank)."""
-    argv = train_argv(base, family, run_dir, lora, ema)
+    argv = train_argv(base, family, run_dir, lora, ema) + list(extra)
     run_dir.mkdir(parents=True)
     write_run_records(run_dir, argv, rollout_id)
     rank = trained_rank(base, argv)

@@ -126,6 +126,8 @@ def brute_force_layout(k: Knobs, trained_steps: list[int]) -> dict | None:
     # sequence parallelism is not implemented: any size but 1 is refused (miles/utils/validation.py)
     if k.sp != 1 or world % k.sp or (k.tile_samples is None) != (k.tile_steps is None):
         return None
+    if k.tile_samples is not None and (k.mbs or 1) > 1:  # a flat size beside a tile would have no effect
+        return None
     dp = world // k.sp
     samples = k.rollout_batch_size * k.n_samples
     batch = resolve_batch(k, samples)

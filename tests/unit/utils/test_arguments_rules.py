@@ -130,6 +130,9 @@ def test_a_micro_batch_that_is_no_engine_forward_is_refused_naming_the_flags_and
     message = refused(r"--micro-batch-size.*cannot reproduce the engines' forwards.*--rollout-microgroup-size 8 "
                       r"samples at one timestep.*fix: ", *flags)
     assert fix in message
+    if f"{fix} (in place of --micro-batch-size" in message:  # a tile replaces the flat size, which it refuses beside it
+        at = flags.index("--micro-batch-size")
+        flags = flags[:at] + flags[at + 2:]
     plan(*flags, *fix.split(" (")[0].split())  # the fix it names is accepted
 
 
@@ -156,11 +159,11 @@ def test_sft_has_no_rollout_tile_and_keeps_one_pair_per_forward_by_default():
     assert (p.rollout_tile_samples, p.pairs_per_forward) == (0, 1)
     assert "rollout tile" not in p.table()
 
-def test_2d_tile_overrides_the_flat_micro_batch_size():
-    p = plan(*WORKED, "--micro-batch-size", "3", "--micro-batch-size-sample", "8", "--micro-batch-size-tstep", "2",
-             base=SFT)
-    assert (p.pairs_per_forward, p.forwards_per_step) == (16, 16)
-    p = plan(*WORKED, "--micro-batch-size", "3", "--micro-batch-size-sample", "16", "--micro-batch-size-tstep", "1")
+def test_a_flat_micro_batch_size_beside_a_2d_tile_is_refused_as_having_no_effect():
+    refused(r"--micro-batch-size 3 has no effect beside the 2D tile --micro-batch-size-sample 8 "
+            r"--micro-batch-size-tstep 2.*fix: change the tile flags instead, or drop --micro-batch-size",
+            *WORKED, "--micro-batch-size", "3", "--micro-batch-size-sample", "8", "--micro-batch-size-tstep", "2")
+    p = plan(*WORKED, "--micro-batch-size-sample", "16", "--micro-batch-size-tstep", "1")  # the tile alone sets it
     assert (p.pairs_per_forward, p.forwards_per_step) == (16, 16)
 
 

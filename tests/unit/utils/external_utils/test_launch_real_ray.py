@@ -279,9 +279,12 @@ def test_successful_job_exits_0_key_reaches_job_its_workers_run_at_normal_priori
         assert [p.name for p in (home / ".ray").iterdir()] == ["auth_token"]
         assert (home / ".ray" / "auth_token").read_text() == "stale-token-an-earlier-ray-init-left-behind"
         assert not (out / "r2" / "ray_auth_token").exists()  # gone with the cluster
-        # Ray's banner (and its `ray stop` advice) stays in the launcher's log; the last line says where results are
+        # Ray's banner (and its `ray stop` advice) stays in the launcher's log; the last lines say where results
+        # are, the total time and the next step
         assert "ray stop" not in log and "Local node IP" not in log
-        assert log.strip().splitlines()[-1].startswith(f"results: run dir {out / 'r2'}")
+        results, done = log.strip().splitlines()[-2:]
+        assert results.startswith(f"results: run dir {out / 'r2'}") and done.startswith("done in ")
+        assert "next: python3 -m miles.export" in done or done.endswith("no checkpoint to export")
         assert "--diffusion-kl-beta 0.02" in log.split("TINY TRAIN argv:")[1].splitlines()[0]
         record = LaunchRecord.load(out, HEAD_ROLE)
         assert SECRET not in log
