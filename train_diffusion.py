@@ -85,7 +85,6 @@ def _last_checkpoint(save: str | None):
 
 def train(args: Namespace, plan: BatchPlan) -> int:
     """DESIGN section 5: per rollout id, generate -> train -> update weights; eval and save on intervals."""
-    import json
     import os
     import time
     from pathlib import Path
@@ -93,13 +92,13 @@ def train(args: Namespace, plan: BatchPlan) -> int:
     import ray
     import torch
 
-    from miles.backends import checkpoint as ckpt
     from miles.ray import faults, parity_drift
     from miles.utils import checkpoint_identity as identity
     from miles.utils.run_logging import MetricsLogger, Progress, init_wandb, log, plot_curves, save_image_grid, write_run_json
     from miles.backends.sft import SFTSource
     from miles.ray.placement import place_run
     from miles.ray.rollout_manager import RolloutManager
+    from miles.ray.checkpoint_saver import CheckpointSaver
     from miles.ray.train_actor_group import TrainActorGroup
     from miles.ray.weight_sync_group import connect_weight_sync
 
@@ -154,8 +153,10 @@ def train(args: Namespace, plan: BatchPlan) -> int:
     log(f"training rollouts {start_id}..{end_id - 1} ({'resumed from ' + str(found[1]) if resumed else 'fresh'}); "
         f"run dir {args.run_dir}")
     phases.mark("loop_start")
+    saver = CheckpointSaver(args, trainer, log)  # saves written in the background, committed when whole
     for rollout_id in range(start_id, end_id):
         began = time.perf_counter()
+        saver.poll()  # the train ranks are idle here: the previous save is committed if written
         faults.CURRENT_ROLLOUT[0] = rollout_id
         if args.debug_fault:
             faults.arm_for_rollout(args, rollout_id, trainer, rollout)
@@ -182,15 +183,10 @@ def train(args: Namespace, plan: BatchPlan) -> int:
         parity_drift.stop_on_drift(before, metrics, rollout_id)  # logged first: the record shows the reading
         last = rollout_id == end_id - 1
         if args.save and trainer is not None and (last or (args.save_interval and (rollout_id + 1) % args.save_interval == 0)):
-            staging = ckpt.staging_dir(args.save, rollout_id)
-            trainer.save(str(staging))
-            torch.save({"rollout": rollout.state_dict()}, staging / "driver.pt")
             data_order = next(iter(rollout.state_dict().values()), None)
-            record = identity.checkpoint_record(args, rollout_id, data_order, wandb_id)
-            (staging / identity.RECORD).write_text(json.dumps(record, indent=1) + "\n")
-            committed = ckpt.commit(staging, args.save, rollout_id, keep_last=args.keep_last,
-                                    keep_every=args.keep_every)
-            log(f"saved checkpoint {committed}")
+            saver.start(rollout_id, {"rollout": rollout.state_dict()},
+                        identity.checkpoint_record(args, rollout_id, data_order, wandb_id))
+    saver.wait()  # the run ends once its last save is committed
 
     phases.mark("loop_end")
     faults.CURRENT_ROLLOUT[0] = None

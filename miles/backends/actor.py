@@ -24,7 +24,6 @@ outside its calls (miles.backends.train_offload).
 from __future__ import annotations
 
 import contextlib
-import json
 import random
 import resource
 import time
@@ -36,6 +35,7 @@ import numpy as np
 import torch
 
 from miles.backends import checkpoint as ckpt
+from miles.backends import checkpoint_writer
 from miles.backends.collectives import Collectives, host_store
 from miles.backends import fsdp
 from miles.backends.ema import EMA, old_policy_decay
@@ -558,27 +558,30 @@ class TrainRank:
 
     # -- checkpoints --------------------------------------------------------------------------
 
-    def save(self, staging: str) -> None:
+    def begin_save(self, staging: str) -> None:
+        """Copy the checkpoint's state to the host and start writing it in the background
+        (miles.backends.checkpoint_writer); `save_done`/`finish_save` tell when it is written."""
         staging = Path(staging)
+        self.finish_save()  # one write at a time (the driver waits already; a direct caller may not)
         torch.save(ckpt.rng_state(), staging / f"rng_rank{self.rank}.pt")
-        if self.sharded:
-            with resident(self.offload, optimizer=True):
-                fsdp.save_sharded(staging, self.rank, self.world_size, self.model, self.components, self.params,
-                                  self.optimizer, self.ema, self.optimizer_step, self.lora is not None)
-            return
-        if self.rank != 0:
-            return
-        for component in self.components:
-            own = {n.split(".", 1)[1]: p for n, p in self.params.items() if n.startswith(component + ".")}
-            ckpt.save_tensors(staging / f"model_{component}.safetensors", own)
-            for prefix, kept in (("ema", self.ema), ("old_policy", self.old_policy)):
-                if kept is not None:
-                    shadow = {n.split(".", 1)[1]: t for n, t in kept.shadow.items() if n.startswith(component + ".")}
-                    ckpt.save_tensors(staging / f"{prefix}_{component}.safetensors", shadow)
-        torch.save({"optimizer": self.optimizer.state_dict(), "optimizer_step": self.optimizer_step},
-                   staging / "optimizer.pt")
-        (staging / "rank0.json").write_text(json.dumps({"backend": "dp", "world_size": self.world_size,
-                                                        "lora": self.lora is not None}))
+        with resident(self.offload, optimizer=True):
+            begin = checkpoint_writer.begin_sharded if self.sharded else checkpoint_writer.begin_whole
+            self.pending_save = begin(self, staging)
+
+    def save_done(self) -> bool:
+        """Whether this rank's background write has ended (its error, if any, comes from finish_save)."""
+        return getattr(self, "pending_save", None) is None or self.pending_save.done()
+
+    def finish_save(self) -> None:
+        """Wait for this rank's background write; raises what the writer raised."""
+        pending, self.pending_save = getattr(self, "pending_save", None), None
+        if pending is not None:
+            pending.wait()
+
+    def save(self, staging: str) -> None:
+        """A save that returns once this rank's files are written."""
+        self.begin_save(staging)
+        self.finish_save()
 
     @torch.no_grad()
     def load(self, path: str) -> None:

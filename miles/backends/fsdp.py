@@ -247,14 +247,19 @@ def _state(model, components, params, optimizer, ema) -> dict:
     return state
 
 
-def save_sharded(staging: Path, rank: int, world_size: int, model, components, params, optimizer, ema,
-                 optimizer_step: int, lora: bool) -> None:
+def save_sharded_async(staging: Path, rank: int, world_size: int, model, components, params, optimizer, ema,
+                       optimizer_step: int, lora: bool, group):
+    """DCP's asynchronous save: every local shard is copied to the host before this returns, the
+    files are written by a thread (collectives on `group`, a gloo group of its own). Returns its
+    future; the checkpoint is whole once every rank's future is done (DCP writes its .metadata last)."""
     import torch.distributed.checkpoint as dcp
 
-    dcp.save(_state(model, components, params, optimizer, ema), checkpoint_id=str(staging))
+    future = dcp.async_save(_state(model, components, params, optimizer, ema), checkpoint_id=str(staging),
+                            process_group=group)
     if rank == 0:
         manifest = {"backend": BACKEND, "world_size": world_size, "lora": lora, "optimizer_step": optimizer_step}
         (staging / MANIFEST).write_text(json.dumps(manifest))
+    return future
 
 
 def read_manifest(path: Path) -> dict:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import time
+
 import ray
 
 from miles.backends.actor import TrainRank
@@ -15,7 +18,7 @@ from miles.backends.rollout_shard import fetch_shard, rank_shard
 from miles.backends.types import RolloutBatch, RolloutRefs, TrainResult
 from miles.ray import faults
 from miles.ray.faults import wait_for
-from miles.utils.debug_faults import fire
+from miles.utils.debug_faults import SLOW_SAVE_S, fire, take
 from miles.ray.placement import PlacementPlan, actor_options
 
 
@@ -94,18 +97,32 @@ class TrainActor(TrainRank):
             loss = loss * float("nan")
         return loss, metrics
 
-    def save(self, staging: str) -> None:
+    def begin_save(self, staging: str) -> None:
         fire(self, "disk-full")
-        fire(self, "slow-save")
-        try:
-            return super().save(staging)
-        except Exception as err:  # serializers hide the OS's reason (torch: "unexpected pos ..."): find it
-            reason = faults.disk_reason(staging)
-            if reason is None:
-                raise
-            first = (str(err).strip().splitlines() or [""])[0]
-            raise OSError(reason.errno, f"{reason.strerror} while saving the checkpoint to {staging} "
-                                        f"({type(err).__name__}: {first})") from err
+        slow = take(self, "slow-save")
+        with _disk_reason_named(staging):
+            super().begin_save(staging)
+        if slow:  # the background write, not the train step, takes the 20 s
+            self.pending_save.also(lambda: time.sleep(SLOW_SAVE_S))
+        self._saving_to = staging
+
+    def finish_save(self) -> None:
+        with _disk_reason_named(getattr(self, "_saving_to", "")):
+            super().finish_save()
+
+
+@contextlib.contextmanager
+def _disk_reason_named(staging: str):
+    """Serializers hide the OS's reason for a failed write (torch: "unexpected pos ..."): find it."""
+    try:
+        yield
+    except Exception as err:
+        reason = faults.disk_reason(staging) if staging else None
+        if reason is None:
+            raise
+        first = (str(err).strip().splitlines() or [""])[0]
+        raise OSError(reason.errno, f"{reason.strerror} while saving the checkpoint to {staging} "
+                                    f"({type(err).__name__}: {first})") from err
 
 
 class TrainActorGroup:
@@ -157,8 +174,18 @@ class TrainActorGroup:
     def components(self) -> list[str]:
         return self._get([self.actors[0].trained_components.remote()], "components", self.actors[:1])[0]
 
-    def save(self, staging: str) -> None:
-        self._get([a.save.remote(staging) for a in self.actors], "save")
+    def begin_save(self, staging: str) -> None:
+        """Every rank copies the checkpoint's state to the host and starts writing it in the
+        background (miles.backends.checkpoint_writer); returns once the copies are taken."""
+        self._get([a.begin_save.remote(staging) for a in self.actors], "save")
+
+    def save_done(self) -> bool:
+        """Whether every rank's background write has ended (asks, never waits for the write)."""
+        return all(self._get([a.save_done.remote() for a in self.actors], "checkpoint write"))
+
+    def finish_save(self) -> None:
+        """Until every rank's write has ended; a rank's write error is raised here."""
+        self._get([a.finish_save.remote() for a in self.actors], "checkpoint write")
 
     def load(self, path: str) -> None:
         self._get([a.load.remote(path) for a in self.actors], "load")

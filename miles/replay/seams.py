@@ -19,9 +19,10 @@ project's own code. All are undone when the replay ends.
 - attention runs as the GPU's fused kernel (`_fused_attention`), not torch's math fallback;
 - without torchvision (not a dependency), diffusers' Cosmos transformer gets a nearest resize;
 - objects gathered from the ranks (`all_gather_object`) are rank 0's, as every rank is;
-- the checkpoint writers (safetensors `save_file`, `torch.distributed.checkpoint.save`) write
-  no file: they make the host copies the real writers make (safetensors: every tensor's bytes
-  at once; DCP: one tensor's local shard at a time).
+- the checkpoint writers (safetensors `save_file`, `torch.distributed.checkpoint.async_save`)
+  write no file: they make the host copies the real writers make (safetensors: every tensor's
+  bytes at once; DCP's asynchronous save: every local shard staged on the host at once), and
+  the checkpoint's own gloo group is not made.
 """
 
 from __future__ import annotations
@@ -113,15 +114,19 @@ def _save_file(tensors: dict, filename, metadata=None) -> None:
     del staged
 
 
-def _dcp_save(state_dict, *, checkpoint_id=None, **kwargs) -> None:
-    """DCP's file writer copies each tensor's local shard to the host and writes it, in turn."""
+def _dcp_async_save(state_dict, *, checkpoint_id=None, **kwargs):
+    """DCP's asynchronous save stages every tensor's local shard on the host at once, then its
+    thread writes them; the stand-in writes nothing and its write has ended when it returns."""
+    import concurrent.futures
+
     from torch.utils._pytree import tree_leaves
 
-    for tensor in tree_leaves(state_dict):
-        if isinstance(tensor, torch.Tensor):
-            local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
-            staged = local.detach().cpu()
-            del staged
+    staged = [(t.to_local() if hasattr(t, "to_local") else t).detach().cpu()
+              for t in tree_leaves(state_dict) if isinstance(t, torch.Tensor)]
+    del staged
+    done = concurrent.futures.Future()
+    done.set_result(None)
+    return done
 
 
 _SDPA = torch.nn.functional.scaled_dot_product_attention
@@ -276,7 +281,8 @@ def replay_seams(memory: LiveMemory):
             ("miles.backends.fsdp.device_mesh", cpu_mesh),
             ("miles.backends.sharded_load.materialize_from_checkpoint", _materialize(memory)),
             ("miles.backends.checkpoint.save_file", _save_file),
-            ("torch.distributed.checkpoint.save", _dcp_save),
+            ("torch.distributed.checkpoint.async_save", _dcp_async_save),
+            ("miles.backends.checkpoint_writer.new_checkpoint_group", lambda: None),
             ("torch.distributed.all_gather_object", _all_gather_object),
             ("torch.nn.functional.scaled_dot_product_attention", _fused_attention),
             ("miles.models.loader._empty_component", _unplaced(memory, _empty_component, mark=True)),

@@ -22,12 +22,14 @@ FAULT_KINDS = {
     "reward-hang": "a reward worker never answers (the deadline ends the run)",
     "nan": "the loss becomes NaN (the bad update is never saved)",
     "disk-full": "RLIMIT_FSIZE in the train rank during the save (writes fail with EFBIG)",
-    "slow-save": "the train rank sleeps 20 s inside the save (time to signal the launcher)",
+    "slow-save": "the train rank's background save takes 60 s longer to end (time to signal the launcher "
+                 "or kill the rank mid-save while training goes on)",
     "engine-init": "the last rollout engine's constructor raises: it is given a checkpoint directory that does not "
                    "exist (start-up: use @0)",
     "train-setup": "the last train rank's set-up raises: it is given a checkpoint directory that does not exist "
                    "(start-up: use @0)",
 }
+SLOW_SAVE_S = 60.0  # longer than a tiny rollout on a loaded machine: the kill lands while it writes
 # faults of the start-up, before rollout 0: carried out where the actor is created or set up
 START_KINDS = ("engine-init", "train-setup")
 
@@ -71,6 +73,14 @@ def _arm(self: Any, kind: str) -> None:
     self._miles_fault = kind
 
 
+def take(actor_self: Any, kind: str) -> bool:
+    """Disarm `kind` if it is the armed fault; True if it was (the caller carries it out itself)."""
+    if getattr(actor_self, "_miles_fault", None) != kind:
+        return False
+    actor_self._miles_fault = None
+    return True
+
+
 def fire(actor_self: Any, kind: str | None = None) -> None:
     """Called at the start of an injectable method: carry out the armed fault, if any."""
     armed = getattr(actor_self, "_miles_fault", None)
@@ -92,4 +102,4 @@ def fire(actor_self: Any, kind: str | None = None) -> None:
         soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
         resource.setrlimit(resource.RLIMIT_FSIZE, (4096, hard))
     elif armed == "slow-save":
-        time.sleep(20)
+        time.sleep(SLOW_SAVE_S)

@@ -17,8 +17,12 @@ What each holds (bytes; memory_plan's role estimates give M, O, W):
                   time) | --offload-train: its models and optimizer state in host arenas of exactly
                   their size (miles.models.offload: one page-locked arena per part, so torch's
                   pinned allocator and its power-of-two rounding do not apply), held from then on |
-                  train: its shard of the rollout, fetched from the object store | checkpoint save:
-                  a data-parallel rank 0's host copies of its largest component
+                  train: its shard of the rollout, fetched from the object store | checkpoint save
+                  (written in the background, miles.backends.checkpoint_writer): a sharded rank's
+                  host copy of its checkpoint shard (DCP's async save stages it whole); a
+                  data-parallel rank 0's host copy of the whole checkpoint, plus the bytes of the
+                  largest file safetensors makes while writing it. The copies live until the
+                  write ends, which may overlap the next rollout's first phases
   engine          setup: its largest part | --offload-rollout: its weights' arena | rollout: one
                   microgroup's whole denoising path (every step's latents, model outputs in debug
                   mode), twice: its steps as made and their stack (sampler._denoise)
@@ -207,6 +211,7 @@ class ProcessBytes:
     engine_load: float
     engine_arena: float  # --offload-rollout: the weights (0 without)
     scorer: float  # a GPU reward worker's scorer in float32
+    rank_save_shard: float = 0.0  # a sharded rank's host copy of its checkpoint shard (every rank)
 
 
 def plan_nodes(ns: Namespace, nodes: list[NodeRoles], procs: ProcessBytes, sample: SampleBytes) -> list[NodeHost]:
@@ -248,7 +253,7 @@ def rank_phases(ns: Namespace, procs: ProcessBytes, sample: SampleBytes) -> dict
     shard = 0.0 if ns.loss_type == "sft_loss" else per_rank * sample.trajectory + groups * sample.cond
     arena = procs.rank_arena
     return {"setup": max(procs.rank_load, procs.rank_arena_setup), "train": arena + shard, "weight push": arena,
-            "checkpoint save": arena, "rollout": arena}
+            "checkpoint save": arena + procs.rank_save_shard, "rollout": arena}
 
 
 def engine_phases(procs: ProcessBytes, sample: SampleBytes) -> dict[str, float]:
@@ -315,15 +320,16 @@ def _process_bytes(ns: Namespace, facts, train, engine) -> ProcessBytes:
     through_host = [n for n in loaded if not (meta_built and n in trained)]  # sharded rows come one weight at a time
     rank_load = max((comps[n].params for n in through_host), default=0) * (c if meta_built else p)
     save = 0.0
-    if not sharded and trained:  # rank 0's safetensors of one component: its host copies, then their bytes
+    if not sharded and trained:  # rank 0's host copy of everything it saves, then one file's bytes at a time
         geo = GEOMETRY[ns.diffusion_model_family]
         per = [(_lora_params(ns, facts, geo, [n]) if ns.use_lora else comps[n].params) for n in trained]
-        save = 2 * max(per) * p
+        save = train.saved + max(per) * p
     offload_train, offload_rollout = getattr(ns, "offload_train", False), getattr(ns, "offload_rollout", False)
     scorer = _scorer_bytes(ns) if (ns.rm_num_gpus_per_worker or 0) > 0 else 0.0
     return ProcessBytes(
         rank_load=rank_load, rank_arena=(train.models + train.optimizer_state) if offload_train else 0.0,
         rank_arena_setup=train.models if offload_train else 0.0, rank_save=save,
+        rank_save_shard=train.saved if sharded else 0.0,
         engine_load=max(f.params for f in comps.values()) * r if engine is not None else 0.0,
         engine_arena=engine.models if engine is not None and offload_rollout else 0.0, scorer=scorer)
 

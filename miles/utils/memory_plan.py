@@ -95,6 +95,7 @@ class RoleEstimate:
     optimizer_state: float = 0.0
     activations: float = 0.0
     synced: float = 0.0  # train rank: what a weight update reads (trained tensors or LoRA adapters)
+    saved: float = 0.0  # train rank: the checkpoint's tensors it holds (trained master, AdamW, EMA copies)
     trajectories: float = 0.0  # engine: the microgroup's trajectories (the code keeps them on the host)
 
     @property
@@ -228,7 +229,8 @@ def _train_rank(ns: Namespace, plan, facts: ModelFacts, geo: Geometry) -> tuple[
     act_term, act_bytes = _activations(ns, plan, facts, geo, trained, c)
     terms += [act_term, ("CUDA context and workspaces", CUDA_CONTEXT_GIB * GIB)]
     role = RoleEstimate("train rank", terms, models=models, optimizer_state=optimizer_state,
-                        activations=act_bytes + grads, synced=t_params * (c if copy else p))
+                        activations=act_bytes + grads, synced=t_params * (c if copy else p),
+                        saved=t_params * p + optimizer_state)
     return role, _train_knobs(ns, plan, trained, copy)
 
 
@@ -266,7 +268,8 @@ def _sharded_train_rank(ns: Namespace, plan, facts: ModelFacts, geo: Geometry) -
     act_term, act_bytes = _activations(ns, plan, facts, geo, trained, c)
     terms += [act_term, ("CUDA context and workspaces", CUDA_CONTEXT_GIB * GIB)]
     role = RoleEstimate("train rank", terms, models=models, optimizer_state=optimizer_state,
-                        activations=act_bytes + transient, synced=t_params * p / n)
+                        activations=act_bytes + transient, synced=t_params * p / n,
+                        saved=t_params * p / n + optimizer_state)
     return role, _train_knobs(ns, plan, trained, copy=False)
 
 

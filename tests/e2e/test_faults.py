@@ -244,7 +244,7 @@ def test_sigterm_to_the_launcher_during_a_save_keeps_the_last_checkpoint_and_res
 
     def sigterm_launcher_during_save(out: Path, token: str) -> None:
         wait_for_path(out / RUN_ID / "checkpoints" / ".staging_rollout_000001")
-        time.sleep(1.0)  # the rank is inside the save (slow-save sleeps 20 s there)
+        time.sleep(1.0)  # the save is being written (slow-save holds the background write 60 s)
         for pid in token_pids(token):
             if _is_launcher(pid):
                 os.kill(pid, signal.SIGTERM)
@@ -388,7 +388,7 @@ def test_sigkill_of_the_train_rank_during_a_save_leaves_the_previous_checkpoint_
 
     def sigkill_the_saving_rank(out: Path, token: str) -> None:
         wait_for_path(out / RUN_ID / "checkpoints" / ".staging_rollout_000001")
-        time.sleep(1.0)  # the rank is inside the save (slow-save sleeps 20 s there)
+        time.sleep(1.0)  # the save is being written (slow-save holds the background write 60 s)
         for pid in token_pids(token):
             if _proctitle(pid).startswith("ray::TrainActor"):
                 os.kill(pid, signal.SIGKILL)
@@ -402,6 +402,33 @@ def test_sigkill_of_the_train_rank_during_a_save_leaves_the_previous_checkpoint_
     ours = _files(save_dir(run) / "rollout_000000")
     theirs = _files(save_dir(uninterrupted) / "rollout_000000")
     assert ours == theirs, "the checkpoint before the kill differs from the uninterrupted run's"
+
+
+# -- a SIGKILL during a background save: training went on, the last commit loads and resumes -------
+
+def test_sigkill_while_a_background_save_is_written_keeps_the_last_commit_and_resumes_exactly(runs, uninterrupted):
+    seen = {}
+
+    def sigkill_the_rank_once_the_next_rollout_trained(out: Path, token: str) -> None:
+        checkpoints, metrics = out / RUN_ID / "checkpoints", out / RUN_ID / "metrics.jsonl"
+        wait_for_path(checkpoints / ".staging_rollout_000001")
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):
+            time.sleep(0.05)  # rollout 2 trained and logged while rollout 1's save is written
+        seen["latest"] = (checkpoints / "latest").read_text().strip()
+        seen["staging"] = (checkpoints / ".staging_rollout_000001").is_dir()
+        for pid in token_pids(token):
+            if _proctitle(pid).startswith("ray::TrainActor"):
+                os.kill(pid, signal.SIGKILL)
+                seen["killed"] = time.time()
+
+    run = runs("sigkill-background-save", extra_args("slow-save@1", max_restarts=1),
+               during=sigkill_the_rank_once_the_next_rollout_trained)
+    assert "killed" in seen, run.report("no train rank was found while the save was written")
+    # the train step of rollout 2 ran while rollout 1's save was still uncommitted: off the critical path
+    assert seen["latest"] == "rollout_000000" and seen["staging"], seen
+    # the restarted attempt loaded the last commit (rollout 0) and ended bit for bit like an uninterrupted run
+    assert_restarted_once(run, uninterrupted, "slow-save@1", "train rank 0", "ActorDiedError")
 
 
 def _proctitle(pid: int) -> str:
