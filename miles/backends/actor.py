@@ -134,7 +134,7 @@ class TrainRank:
                                             self.device, lora_values.get(component))
             self.params = self.fparams = self._trained_params()  # sharding made new (DTensor) parameters
         self._sync_compute()
-        self.optimizer = build_optimizer(list(self.params.values()), args)
+        self.optimizer = build_optimizer(list(self.params.items()), args)
         self.ema = EMA(self.params, args.ema_decay) if args.use_ema else None
         self.custom_loss = load_custom_loss(args.custom_loss_function_path) if args.custom_loss_function_path else None
         self.sft = SFTRankStep(self) if args.loss_type == "sft_loss" else None

@@ -52,6 +52,7 @@ import torch
 from miles.replay.checkpoint import block_count, component_specs, dual_blocks, write_config_checkpoint
 from miles.replay.memory import HOST, LiveMemory, PhaseRecord
 from miles.replay.seams import fake_process_group, replay_seams, sft_stand_ins, staging_dir
+from miles.replay.weight_push import weight_push
 
 TRAIN_GPU, ROLLOUT_GPU, REWARD_GPU = "train GPU", "rollout GPU", "reward GPU"
 PHASES = ("setup", "train", "weight push", "checkpoint save", "rollout")  # a rollout's order, steady state
@@ -245,7 +246,7 @@ def _phases(memory: LiveMemory, args, plan, world: int, engines: bool, root: Pat
     _name(memory, rank, engine)
     if engine is not None:
         with memory.measuring("weight push"):
-            _weight_push(memory, args, rank, engine, places)
+            weight_push(memory, args, rank, engine, places)
     else:
         skipped["weight push"] = "no engines"
     with memory.measuring("checkpoint save"):
@@ -475,37 +476,6 @@ def _trained_step(plan, experts: list[str], expert: str) -> int:
     steps = [s for s in plan.trainable_steps if s + n <= len(experts) and set(experts[s:s + n]) == {expert}]
     steps = steps or [s for s in range(len(experts) - n + 1) if set(experts[s:s + n]) == {expert}]
     return steps[0]
-
-
-def _weight_push(memory: LiveMemory, args, rank, engine, places: dict[str, str]) -> None:
-    """The bucketed sync of miles.ray.weight_sync_group: rank 0 packs its synced tensors into
-    buckets, the engine copies each bucket into its weights; both sides resident as offload has them."""
-    from miles.backends.train_offload import resident
-    from miles.backends.weight_buckets import plan_buckets, send_buckets
-    from miles.utils.validation import DEFAULT_UPDATE_WEIGHT_BUFFER_SIZE
-
-    buffer = getattr(args, "update_weight_buffer_size", None) or DEFAULT_UPDATE_WEIGHT_BUFFER_SIZE
-    with memory.at(TRAIN_GPU, RANK), resident(rank.offload, optimizer=False, synced_only=True):
-        buckets = plan_buckets(rank.synced_tensors(), rank.wire_rule(), buffer)
-        tensors = {(c, n): t for c, n, t in rank.synced_tensors()}
-        send_buckets(buckets, tensors, lambda t: None, rank.device)
-    with memory.at(places[ENGINE], ENGINE):
-        engine.weight_receiver = _Receiver(buckets, engine.model.parts)
-        engine.receive_weights()
-
-
-class _Receiver:
-    """The engine's end of the bucketed sync (miles.backends.sync_group.WeightReceiver) without its
-    process group: every bucket arrives at once (the fake group moves no bytes)."""
-
-    def __init__(self, plan, parts):
-        self.plan, self.parts = plan, parts
-
-    def receive(self):
-        from miles.backends.weight_buckets import engine_targets, receive_buckets
-
-        return receive_buckets(self.plan, engine_targets(self.parts, self.plan), lambda t: None,
-                               torch.device("meta"))
 
 
 def _name(memory: LiveMemory, rank, engine) -> None:

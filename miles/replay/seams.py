@@ -22,7 +22,8 @@ project's own code. All are undone when the replay ends.
 - the checkpoint writers (safetensors `save_file`, `torch.distributed.checkpoint.async_save`)
   write no file: they make the host copies the real writers make (safetensors: every tensor's
   bytes at once; DCP's asynchronous save: every local shard staged on the host at once), and
-  the checkpoint's own gloo group is not made.
+  the checkpoint's own gloo group is not made; a data-parallel rank's background write runs in
+  the calling thread (the replay's dispatch mode is thread-local).
 """
 
 from __future__ import annotations
@@ -126,6 +127,16 @@ def _dcp_async_save(state_dict, *, checkpoint_id=None, **kwargs):
     del staged
     done = concurrent.futures.Future()
     done.set_result(None)
+    return done
+
+
+def _run_here(work):
+    """A background write run in the caller's thread: the replay's dispatch mode (thread-local)
+    sees its copies, while the snapshot it writes is still held, as in the real thread."""
+    import concurrent.futures
+
+    done = concurrent.futures.Future()
+    done.set_result(work())
     return done
 
 
@@ -283,6 +294,7 @@ def replay_seams(memory: LiveMemory):
             ("miles.backends.checkpoint.save_file", _save_file),
             ("torch.distributed.checkpoint.async_save", _dcp_async_save),
             ("miles.backends.checkpoint_writer.new_checkpoint_group", lambda: None),
+            ("miles.backends.checkpoint_writer._run_in_thread", _run_here),
             ("torch.distributed.all_gather_object", _all_gather_object),
             ("torch.nn.functional.scaled_dot_product_attention", _fused_attention),
             ("miles.models.loader._empty_component", _unplaced(memory, _empty_component, mark=True)),

@@ -42,8 +42,12 @@ offload (--offload-train / --offload-rollout, --colocate only): a train GPU's pe
   no activations in it). training: the rank + the engine without its pipeline weights
   (--offload-rollout); rollout: the engine + the rank without its models and optimizer state
   (--offload-train); weight sync: the engine without activations + (--offload-train) only the
-  tensors the update reads (trained tensors or LoRA adapters, sharded / N) + one bucket on each
-  side with bucketed sync. One flag alone leaves a phase with both sides' weights resident.
+  tensors the update reads (trained tensors or LoRA adapters, sharded / N) + the push's staging.
+  One flag alone leaves a phase with both sides' weights resident.
+weight push staging (bucketed sync): colocated, the IPC push (miles.backends.ipc_push): the engine
+  stages nothing, each train rank holds one reused buffer the size of the largest bucket from the
+  push path's forming on (a term of the rank, every phase); else the broadcast: one bucket on the
+  sender and one on the receiver while they push.
 engine (one per rollout GPU): every component of the pipeline (transformers, text encoders,
   VAE) in r, plus one forward's block activations (no graph) over its batch (the microgroup, twice
   that where the family guides in one call), plus the VAE decoder's peak (VAE_DECODE_MAPS feature
@@ -384,6 +388,9 @@ def build_memory_plan(ns: Namespace, plan) -> MemoryPlan:
     train_gpu = GpuEstimate("train GPU", [train], list(train_knobs))
     engines = has_rollout_engines(ns)
     engine, engine_knobs = _engine(ns, plan, facts, geo) if engines else (None, [])
+    if engine is not None and ipc_push(ns):  # held from the push path's forming on, every phase
+        train.terms.append(("IPC push buffer, reused by every push (the largest bucket; the engine stages nothing)",
+                            _bucket(ns, _wire(ns, train))))
     if engine is not None and ns.colocate:
         train_gpu.roles.append(engine)
         train_gpu.knobs += engine_knobs
@@ -442,18 +449,27 @@ def offload_phases(ns: Namespace, train: RoleEstimate, engine: RoleEstimate) -> 
                   train.models + train.optimizer_state if offload_train else 0.0)}
     # nobody computes; the rank holds (offloaded: brings back) only what the update reads, and
     # bucketed sync one bucket on each side
-    rank = train.synced + CUDA_CONTEXT_GIB * GIB if offload_train else train.total - train.activations
-    phases["weight sync"] = engine.total - engine.activations + rank + sync_buckets(ns)
+    ipc = _bucket(ns, _wire(ns, train)) if ipc_push(ns) else 0.0  # in train.total already
+    rank = train.synced + CUDA_CONTEXT_GIB * GIB + ipc if offload_train else train.total - train.activations
+    phases["weight sync"] = engine.total - engine.activations + rank + (0.0 if ipc_push(ns) else sync_buckets(ns))
     return phases
 
 
+def ipc_push(ns: Namespace) -> bool:
+    """Colocated bucketed sync pushes through IPC handles (miles.ray.weight_sync_group.push_transport):
+    each train rank keeps one reused buffer of the largest bucket, the engine copies out of it."""
+    return bool(getattr(ns, "colocate", False)) and getattr(ns, "weight_sync", "bucketed") == "bucketed"
+
+
 def sync_buckets(ns: Namespace) -> float:
-    """Bucketed weight sync stages one bucket on the sender and one on the receiver."""
+    """The bytes a push stages: the broadcast one bucket on the sender and one on the receiver;
+    IPC the rank's one buffer (the engine stages nothing)."""
     from miles.utils.validation import DEFAULT_UPDATE_WEIGHT_BUFFER_SIZE
 
     if getattr(ns, "weight_sync", "bucketed") != "bucketed":
         return 0.0
-    return 2.0 * (getattr(ns, "update_weight_buffer_size", None) or DEFAULT_UPDATE_WEIGHT_BUFFER_SIZE)
+    return (1.0 if ipc_push(ns) else 2.0) * (getattr(ns, "update_weight_buffer_size", None)
+                                             or DEFAULT_UPDATE_WEIGHT_BUFFER_SIZE)
 
 
 def plan_and_check(ns: Namespace, plan) -> MemoryPlan:
@@ -498,7 +514,8 @@ def phase_plan(ns: Namespace, plan) -> PhasePlan | None:
       rollout (offloaded: nothing, else M + O)
     engine      W weights, its forward's working set, the microgroup's trajectories (on the host)
       setup W | train, checkpoint save (offloaded after sampling and after an update: nothing,
-      else W) | weight push W + one bucket | rollout W + working set
+      else W) | weight push W + one bucket (IPC: W) | rollout W + working set
+    IPC (colocated): the rank's buffer in every phase after setup (its one bucket during the push)
     reward workers: their scorers, every phase.
     Host memory per node and phase: miles.utils.host_plan (the plan's `host`)."""
     memory = build_memory_plan(ns, plan)
@@ -533,28 +550,36 @@ def phase_plan(ns: Namespace, plan) -> PhasePlan | None:
 
 
 def _bucket(ns: Namespace, synced_bytes: float) -> float:
-    return min(sync_buckets(ns) / 2, synced_bytes) if sync_buckets(ns) else 0.0
+    """One side's bucket: the buffer size, or the whole update when it is smaller."""
+    per_side = sync_buckets(ns) / (1 if ipc_push(ns) else 2)
+    return min(per_side, synced_bytes)
+
+
+def _wire(ns: Namespace, train: RoleEstimate) -> float:
+    """A push's bytes in the rollout dtype (the synced tensors are counted in the compute dtype)."""
+    return train.synced * DTYPE_BYTES[ns.rollout_dtype] / max(1, DTYPE_BYTES[ns.compute_dtype])
 
 
 def _rank_phases(ns: Namespace, train: RoleEstimate, engine: RoleEstimate | None) -> dict[str, float]:
     offload = getattr(ns, "offload_train", False)
     m, o, a, synced = train.models, train.optimizer_state, train.activations, train.synced
-    wire = synced * DTYPE_BYTES[ns.rollout_dtype] / max(1, DTYPE_BYTES[ns.compute_dtype])
-    idle = 0.0 if offload else m + o
+    wire = _wire(ns, train)
+    held = _bucket(ns, wire) if engine is not None and ipc_push(ns) else 0.0  # the IPC buffer, from setup's end
+    idle = (0.0 if offload else m + o) + held
     push = (synced if offload else m + o) + _bucket(ns, wire)
     if getattr(ns, "ema_rollout_policy", "live") == "ema" and getattr(ns, "train_backend", "dp") != "fsdp":
         # the engines get the old policy: its weights swapped in (a backup of the trained ones in p)
         # and every synced tensor cloned while swapped (TrainRank.synced_tensors)
         c, pb = DTYPE_BYTES[ns.compute_dtype], DTYPE_BYTES[ns.param_dtype]
         push += synced + synced / c * pb
-    return {"setup": m, "train": m + o + a, "weight push": push, "checkpoint save": m + o, "rollout": idle,
-            RESUME: m + o}
+    return {"setup": m, "train": m + o + a + held, "weight push": push, "checkpoint save": m + o + held,
+            "rollout": idle, RESUME: m + o + held}
 
 
 def _engine_phases(ns: Namespace, engine: RoleEstimate, train: RoleEstimate) -> dict[str, float]:
     w = engine.models
     working = engine.activations - engine.trajectories
-    wire = train.synced * DTYPE_BYTES[ns.rollout_dtype] / max(1, DTYPE_BYTES[ns.compute_dtype])
+    staged = 0.0 if ipc_push(ns) else _bucket(ns, _wire(ns, train))  # IPC: copied out of the rank's buffer
     offloaded = getattr(ns, "offload_rollout", False)  # off the GPU after sampling and after each update
-    return {"setup": w, "train": 0.0 if offloaded else w, "weight push": w + _bucket(ns, wire),
+    return {"setup": w, "train": 0.0 if offloaded else w, "weight push": w + staged,
             "checkpoint save": 0.0 if offloaded else w, "rollout": w + working, RESUME: w}

@@ -92,3 +92,29 @@ def test_foreach_adamw_on_two_shards_steps_every_element_as_foreach_false_on_the
         sharded.step()
     assert torch.equal(torch.stack([h.detach() for h in halves]), whole.detach())
     assert not torch.equal(whole.detach(), start)
+
+
+def test_one_parameter_group_per_block_steps_the_same_bits_as_one_group():
+    """Groups bound foreach's temporaries by the largest block (miles.backends.optimizer); an
+    elementwise update grouped any way gives the bits of a single group."""
+    from miles.backends.optimizer import param_groups
+
+    g = torch.Generator().manual_seed(2)
+    names = ["transformer.pos_embed.proj.weight", "transformer.blocks.0.attn.weight", "transformer.blocks.0.ff.weight",
+             "transformer.blocks.1.attn.weight", "transformer.proj_out.weight", "transformer.proj_out.bias"]
+    sizes = [5, 7, 3, 20, 1, 4]
+    one = [torch.nn.Parameter(torch.randn(n, generator=g)) for n in sizes]
+    split = [torch.nn.Parameter(p.detach().clone()) for p in one]
+    groups = param_groups(list(zip(names, split)))
+    assert [[p.numel() for p in grp["params"]] for grp in groups] == [[5], [7, 3], [20], [1, 4]]
+    starts = [p.detach().clone() for p in one]
+    kwargs = dict(lr=1e-2, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01, foreach=True)
+    a, b = torch.optim.AdamW(one, **kwargs), torch.optim.AdamW(groups, **kwargs)
+    for _ in range(3):
+        for p, q in zip(one, split):
+            grad = torch.randn(p.shape, generator=g)
+            p.grad, q.grad = grad.clone(), grad.clone()
+        a.step()
+        b.step()
+    assert all(torch.equal(p.detach(), q.detach()) for p, q in zip(one, split))
+    assert not torch.equal(one[0].detach(), starts[0])

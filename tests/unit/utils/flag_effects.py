@@ -128,6 +128,8 @@ FLAG_TESTS = {
     "--param-dtype": f"{DT}::test_bf16_compute_keeps_parity_exact_with_fp32_master_weights",
     "--compute-dtype": f"{DT}::test_bf16_compute_keeps_parity_exact_with_fp32_master_weights",  # float16: refused
     "--weight-sync": f"{LOOP}::test_skipped_optimizer_steps_keep_parity",
+    "--lora-ipc-weight-sync": "tests/unit/utils/test_flag_vocabulary.py::"
+                              "test_lora_ipc_weight_sync_is_ours_and_holds_a_lora_run_to_the_colocated_ipc_push",
     "--update-weight-buffer-size": f"{LOOP}::test_two_sharded_offloaded_rank_runs_keep_parity_exact_repeat_bit_for_bit_and_eval_on_their_interval",
     "--rollout-dtype": f"{DT}::test_dtype_combinations_without_exact_parity_are_refused_naming_the_fix",
     "--gradient-checkpointing": "tests/unit/backends/test_gradient_checkpointing.py::"

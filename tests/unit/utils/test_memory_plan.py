@@ -90,7 +90,10 @@ def test_sharing_a_gpu_adds_the_engine_and_more_pairs_per_forward_add_activation
     colocated = memory(SD3)
     separate = memory([*SD3, "--no-colocate", "--rollout-num-gpus", "1", "--num-gpus-per-node", "3"])
     assert [g.name for g in separate.gpus] == ["train GPU", "rollout GPU"]
-    assert colocated.gpus[0].total == pytest.approx(separate.gpus[0].total + separate.gpus[1].total)
+    # colocated, the rank also keeps the IPC push's one buffer (the LoRA update, under one bucket)
+    ipc = dict(colocated.gpus[0].roles[0].terms)[IPC_TERM]
+    assert 0 < ipc <= 512 * 1024 ** 2
+    assert colocated.gpus[0].total == pytest.approx(separate.gpus[0].total + separate.gpus[1].total + ipc)
     bigger = memory([*SD3, "--micro-batch-size-sample", "16", "--rollout-microgroup-size", "16"])
     assert bigger.gpus[0].total > colocated.gpus[0].total
 
@@ -151,7 +154,30 @@ def test_offload_makes_the_peak_the_largest_phase_not_the_sum_of_the_roles():
     assert both.total < only_train.total
 
 
-def test_the_weight_sync_phase_holds_the_engine_what_the_update_reads_and_one_bucket_on_each_side():
+IPC_TERM = "IPC push buffer, reused by every push (the largest bucket; the engine stages nothing)"
+
+
+def test_colocated_the_ipc_push_stages_nothing_on_the_engine_and_one_reused_bucket_on_the_rank():
+    from miles.utils.memory_plan import phase_plan
+
+    bucket = 512 * 1024 ** 2  # the default --update-weight-buffer-size; Wan2.2's full update is far larger
+    rank = memory(WAN).gpus[0].roles[0]
+    assert dict(rank.terms)[IPC_TERM] == bucket
+    gone = memory([*WAN, "--weight-sync", "object-store"]).gpus[0].roles[0]  # no buckets: no buffer
+    assert IPC_TERM not in dict(gone.terms) and rank.total - gone.total == pytest.approx(bucket)
+    ns, plan = parse_and_plan(WAN)
+    phases = phase_plan(ns, plan).gpus["train GPU"]
+    ns2, plan2 = parse_and_plan([*WAN, "--weight-sync", "object-store"])
+    store = phase_plan(ns2, plan2).gpus["train GPU"]
+    # the engine copies out of the rank's buffer: the push holds one bucket, not one on each side;
+    # the buffer stays for every later phase (it is made once, when the push path forms)
+    assert phases["weight push"] - store["weight push"] == pytest.approx(bucket)
+    for phase in ("train", "checkpoint save", "rollout"):
+        assert phases[phase] - store[phase] == pytest.approx(bucket), phase
+    assert phases["setup"] == store["setup"]
+
+
+def test_the_weight_sync_phase_holds_the_engine_what_the_update_reads_and_the_ranks_one_buffer():
     offloaded = [*WAN, "--train-backend", "fsdp", "--offload-train", "--offload-rollout"]
     full, lora = memory(offloaded).gpus[0], memory([*offloaded, "--use-lora"]).gpus[0]
     mib = 256
@@ -160,9 +186,10 @@ def test_the_weight_sync_phase_holds_the_engine_what_the_update_reads_and_one_bu
     engine = full.roles[1]
     # the sharded trained transformer (bf16, 1/4 of ~14.3 B params) comes back, nothing else of the rank
     shard = 14.29e9 * 2 / 4
-    assert full.phases["weight sync"] - store.phases["weight sync"] == pytest.approx(2 * 512 * 1024 ** 2)
+    # colocated: the IPC push, one buffer on the rank and nothing staged by the engine
+    assert full.phases["weight sync"] - store.phases["weight sync"] == pytest.approx(512 * 1024 ** 2)
     assert store.phases["weight sync"] == pytest.approx(engine.total - engine.activations + shard + GIB, rel=0.01)
-    assert full.phases["weight sync"] - small.phases["weight sync"] == pytest.approx(2 * (512 - mib) * 1024 ** 2)
+    assert full.phases["weight sync"] - small.phases["weight sync"] == pytest.approx((512 - mib) * 1024 ** 2)
     # LoRA: only the adapters, far less than the shard
     assert lora.phases["weight sync"] < full.phases["weight sync"] - shard / 2
     # without --offload-train the rank's models stay whole through the sync
