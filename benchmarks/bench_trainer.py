@@ -18,7 +18,8 @@ processes are (miles.utils.numerics), before torch loads; the actor inherits the
 cluster, and runs at the priority the launcher's nodes give their workers (niceness 0, not Ray's
 15: a niced actor loses the CPU to any other process and the ratio measures the machine's load).
 Ray start-up (cluster, actor, model load) is reported apart. `benchmarks/bench_sampling.py` runs
-the same measurement beside its own.
+the same measurement beside its own. First it prints the host syncs per optimizer step before and
+after issue 41 (benchmarks/step_host_syncs.py; `--host-syncs-only` stops there).
 """
 
 from __future__ import annotations
@@ -304,7 +305,15 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7, help="timed rounds (a step of every process), after one warm-up round")
     parser.add_argument("--processes", type=int, default=3, help="processes of each kind (plain loops, Ray trainers)")
     parser.add_argument("--workdir", default=None, help="where the tiny checkpoint and prompts go (default: a temp dir)")
+    parser.add_argument("--host-syncs-only", action="store_true",
+                        help="only the host syncs per step, before and after issue 41 (benchmarks/step_host_syncs.py)")
     opts = parser.parse_args()
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from step_host_syncs import report as host_syncs_report
+
+    host_syncs_report()  # counts, not timings: the machine's load does not move them
+    if opts.host_syncs_only:
+        return
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     report(measure(Path(opts.workdir or tempfile.mkdtemp(prefix="bench_trainer_")), opts.rounds, opts.processes))
     print(f"load average after:  {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
