@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -29,6 +30,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"python3 -m miles.replay: error: {error}", file=sys.stderr)
         return 2
     print("\n".join(report.table_rows() if ns.table else report.lines()))
+    if not ns.table:  # beside the plan: what the run's pushes and saves cost in time
+        from miles.replay.io_estimate import recipe_estimate
+
+        print("\n".join(recipe_estimate(Path(ns.recipe), ns.scale).lines()))
     return 0 if report.ok else 1
 
 
