@@ -154,38 +154,39 @@ def train(args: Namespace, plan: BatchPlan) -> int:
         f"run dir {args.run_dir}")
     phases.mark("loop_start")
     saver = CheckpointSaver(args, trainer, log)  # saves written in the background, committed when whole
-    for rollout_id in range(start_id, end_id):
-        began = time.perf_counter()
-        saver.poll()  # the train ranks are idle here: the previous save is committed if written
-        faults.CURRENT_ROLLOUT[0] = rollout_id
-        if args.debug_fault:
-            faults.arm_for_rollout(args, rollout_id, trainer, rollout)
-        metrics = {}
-        if rollout_id == 0 and args.eval_interval and not args.skip_eval_before_train:
-            # the initial weights' eval (miles-diffusion's default), kept apart from rollout 0's own eval
-            metrics.update(as_before_train(rollout.evaluate(rollout_id)))
-        batch, generated = rollout.generate(rollout_id)
-        metrics.update(generated)
-        before = parity_drift.digests_before_training(args.stop_on_parity_drift and not sft, trainer, rollout)
-        if trainer is not None:
-            metrics.update(trainer.train(batch)[0].metrics)
-            del batch  # the last reference: the rollout's samples are freed where the engines keep them
-            faults.check_finite(metrics, rollout_id)  # before the weights move on or get saved
-            if not sft and rollout_id != args.debug_skip_weight_update_at:
-                metrics.update(weights.push())
-        if args.eval_interval and (rollout_id + 1) % args.eval_interval == 0:
-            metrics.update(rollout.evaluate(rollout_id))
-        metrics["perf/step_time"] = time.perf_counter() - began
-        logger.log_images(rollout_id, rollout.last_images, getattr(rollout, "last_captions", None),
-                          count=args.wandb_log_num_images, interval=args.wandb_log_image_interval)
-        logger.log(rollout_id, metrics)
-        log(progress.line(rollout_id, metrics, metrics["perf/step_time"]))
-        parity_drift.stop_on_drift(before, metrics, rollout_id)  # logged first: the record shows the reading
-        last = rollout_id == end_id - 1
-        if args.save and trainer is not None and (last or (args.save_interval and (rollout_id + 1) % args.save_interval == 0)):
-            data_order = next(iter(rollout.state_dict().values()), None)
-            saver.start(rollout_id, {"rollout": rollout.state_dict()},
-                        identity.checkpoint_record(args, rollout_id, data_order, wandb_id))
+    with saver.committed_on_failure():  # a failure still commits a save whose write ends
+        for rollout_id in range(start_id, end_id):
+            began = time.perf_counter()
+            saver.poll()  # the train ranks are idle here: the previous save is committed if written
+            faults.CURRENT_ROLLOUT[0] = rollout_id
+            if args.debug_fault:
+                faults.arm_for_rollout(args, rollout_id, trainer, rollout)
+            metrics = {}
+            if rollout_id == 0 and args.eval_interval and not args.skip_eval_before_train:
+                # the initial weights' eval (miles-diffusion's default), kept apart from rollout 0's own eval
+                metrics.update(as_before_train(rollout.evaluate(rollout_id)))
+            batch, generated = rollout.generate(rollout_id)
+            metrics.update(generated)
+            before = parity_drift.digests_before_training(args.stop_on_parity_drift and not sft, trainer, rollout)
+            if trainer is not None:
+                metrics.update(trainer.train(batch)[0].metrics)
+                del batch  # the last reference: the rollout's samples are freed where the engines keep them
+                faults.check_finite(metrics, rollout_id)  # before the weights move on or get saved
+                if not sft and rollout_id != args.debug_skip_weight_update_at:
+                    metrics.update(weights.push())
+            if args.eval_interval and (rollout_id + 1) % args.eval_interval == 0:
+                metrics.update(rollout.evaluate(rollout_id))
+            metrics["perf/step_time"] = time.perf_counter() - began
+            logger.log_images(rollout_id, rollout.last_images, getattr(rollout, "last_captions", None),
+                              count=args.wandb_log_num_images, interval=args.wandb_log_image_interval)
+            logger.log(rollout_id, metrics)
+            log(progress.line(rollout_id, metrics, metrics["perf/step_time"]))
+            parity_drift.stop_on_drift(before, metrics, rollout_id)  # logged first: the record shows the reading
+            last = rollout_id == end_id - 1
+            if args.save and trainer is not None and (last or (args.save_interval and (rollout_id + 1) % args.save_interval == 0)):
+                data_order = next(iter(rollout.state_dict().values()), None)
+                saver.start(rollout_id, {"rollout": rollout.state_dict()},
+                            identity.checkpoint_record(args, rollout_id, data_order, wandb_id))
     saver.wait()  # the run ends once its last save is committed
 
     phases.mark("loop_end")

@@ -12,6 +12,7 @@ named; the staging directory is removed by the next save of that rollout id.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from dataclasses import dataclass
@@ -60,6 +61,20 @@ class CheckpointSaver:
         if self.pending is not None:
             self.trainer.finish_save()
             self._commit()
+
+    @contextlib.contextmanager
+    def committed_on_failure(self):
+        """If the loop fails, the pending save (a state from before the failure, checked finite) is
+        still committed when every rank's write ends; a dead or failing rank leaves it uncommitted."""
+        try:
+            yield
+        except Exception:  # not a signal or an exit: those end the run without waiting for a write
+            try:
+                self.wait()
+            except Exception as err:  # the loop's own error is the one to report
+                self.log(f"the save of rollout {self.pending.rollout_id if self.pending else '?'} was not "
+                         f"committed: {type(err).__name__}")
+            raise
 
     def _commit(self) -> None:
         pending, self.pending = self.pending, None

@@ -78,3 +78,27 @@ def test_a_failed_write_is_raised_and_never_committed(tmp_path):
     with pytest.raises(OSError, match="No space"):
         saver.wait()
     assert latest_checkpoint(tmp_path) is None and not (tmp_path / checkpoint_name(0)).exists()
+
+
+def test_a_failure_after_a_save_began_still_commits_it_once_written(tmp_path):
+    trainer = HeldWriter()
+    saver, _ = saver_at(tmp_path, trainer)
+    with pytest.raises(RuntimeError, match="non-finite"):
+        with saver.committed_on_failure():
+            saver.start(0, {"rollout": {}}, {"rollout_id": 0})
+            raise RuntimeError("non-finite train/loss at rollout 1")  # before any boundary polls
+    assert latest_checkpoint(tmp_path)[0] == 0
+
+
+def test_a_failure_whose_pending_write_fails_too_reports_the_first_and_commits_nothing(tmp_path):
+    class DeadRank(HeldWriter):
+        def finish_save(self) -> None:
+            super().finish_save()
+            raise ConnectionError("the rank died")
+
+    saver, lines = saver_at(tmp_path, DeadRank())
+    with pytest.raises(RuntimeError, match="killed"):
+        with saver.committed_on_failure():
+            saver.start(0, {"rollout": {}}, {"rollout_id": 0})
+            raise RuntimeError("train rank 0 killed")
+    assert latest_checkpoint(tmp_path) is None and "not committed: ConnectionError" in lines[-1]
