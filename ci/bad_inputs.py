@@ -31,10 +31,12 @@ def _r(name, names, *args, fast=True, env=None, setup=None, script=TINY, timeout
     return BadInput(name, argv, names, {**(DRY if dry else {}), **(env or {})}, setup, fast, timeout)
 
 
-def _t(name, names, *args, fast=True, setup=None, timeout=60.0):
-    """train_diffusion.py with a valid minimal base plus `args`."""
+def _t(name, names, *args, fast=True, setup=None, timeout=60.0, validate=True):
+    """train_diffusion.py with a valid minimal base plus `args`; validate=False: a real run, which must
+    refuse before it starts Ray (its --run-dir in {tmp})."""
+    mode = ("--validate-only",) if validate else ("--run-dir", "{tmp}/run-dir")
     argv = ("python3", "train_diffusion.py", "--hf-checkpoint", "{ckpt}", "--prompt-data", "{tmp}/p.jsonl",
-            "--rm-type", "brightness", "--num-rollout", "2", "--validate-only", *args)
+            "--rm-type", "brightness", "--num-rollout", "2", "--rollout-batch-size", "4", *mode, *args)
     return BadInput(name, argv, names, {}, setup or "prompts", fast, timeout)
 
 
@@ -72,7 +74,7 @@ RECIPES = [
     _r("recipe --extra-args --load missing dir", "--load", "--extra-args", "--load {tmp}/nope"),
     _r("recipe read-only --data-dir", "--data-dir", setup="readonly_data", dry=False, timeout=120.0),
     _r("recipe --output-dir is a file", "--output-dir", setup="file_out", dry=False),
-    _r("recipe non-UTF-8 prompt file", "line", "--extra-args", "--prompt-data {tmp}/bad.jsonl", setup="bad_utf8"),
+    _r("recipe non-UTF-8 prompt file", "bad.jsonl: line 5", "--extra-args", "--prompt-data {tmp}/bad.jsonl", setup="bad_utf8"),
     _r("recipe --num-rollout 1e3", "--num-rollout", "--num-rollout", "1e3"),
 ]
 
@@ -84,9 +86,9 @@ TRAIN = [
     _t("train --n-samples-per-prompt 0", "--n-samples-per-prompt", "--n-samples-per-prompt", "0"),
     _t("train --micro-batch-size 0", "--micro-batch-size", "--micro-batch-size", "0"),
     _t("train --hf-checkpoint missing", "--hf-checkpoint", "--hf-checkpoint", "{tmp}/missing"),
-    _t("train --prompt-data missing", "--prompt-data", "--prompt-data", "{tmp}/missing.jsonl"),
-    _t("train --prompt-data non-UTF-8", "line", "--prompt-data", "{tmp}/bad.jsonl", setup="bad_utf8"),
-    _t("train --prompt-data bad JSON", "line", "--prompt-data", "{tmp}/badjson.jsonl", setup="bad_json"),
+    _t("train --prompt-data missing", "--prompt-data", "--prompt-data", "{tmp}/missing.jsonl", validate=False),
+    _t("train --prompt-data non-UTF-8", "bad.jsonl: line 5", "--prompt-data", "{tmp}/bad.jsonl", setup="bad_utf8"),
+    _t("train --prompt-data bad JSON", "badjson.jsonl:5", "--prompt-data", "{tmp}/badjson.jsonl", setup="bad_json"),
     _t("train --diffusion-model-family wan2_2 on sd3", "--diffusion-model-family", "--diffusion-model-family",
        "wan2_2"),
     _t("train --lora-target-modules nothing", "--lora-target-modules", "--use-lora", "--lora-target-modules",
