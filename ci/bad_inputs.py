@@ -76,6 +76,21 @@ RECIPES = [
     _r("recipe --output-dir is a file", "--output-dir", setup="file_out", dry=False),
     _r("recipe non-UTF-8 prompt file", "bad.jsonl: line 5", "--extra-args", "--prompt-data {tmp}/bad.jsonl", setup="bad_utf8"),
     _r("recipe --num-rollout 1e3", "--num-rollout", "--num-rollout", "1e3"),
+    _r("recipe custom loss with one parameter", "userfns:loss_one_param", "--extra-args",
+       "--custom-loss-function-path userfns:loss_one_param", setup="custom_fns"),
+    _r("recipe custom loss in a module that does not parse", "does not parse", "--extra-args",
+       "--custom-loss-function-path userfns_broken:loss", setup="custom_fns_broken"),
+    # these reach the train ranks / reward workers: a real tiny run of one rollout each (~40 s)
+    _r("recipe custom loss returns a float", "(loss, metrics)", "--num-rollout", "1", "--extra-args",
+       "--custom-loss-function-path userfns:loss_float", setup="custom_fns", dry=False, fast=False, timeout=240.0),
+    _r("recipe custom loss raises", "userfns:loss_raises", "--num-rollout", "1", "--extra-args",
+       "--custom-loss-function-path userfns:loss_raises", setup="custom_fns", dry=False, fast=False, timeout=240.0),
+    _r("recipe custom reward returns a float", "userfns:rm_float", "--num-rollout", "1", "--extra-args",
+       "--rm-type custom --custom-rm-path userfns:rm_float", setup="custom_fns", dry=False, fast=False,
+       timeout=240.0),
+    _r("recipe custom reward raises", "userfns:rm_raises", "--num-rollout", "1", "--extra-args",
+       "--rm-type custom --custom-rm-path userfns:rm_raises", setup="custom_fns", dry=False, fast=False,
+       timeout=240.0),
 ]
 
 TRAIN = [
