@@ -19,7 +19,7 @@ from miles.utils.numerics import pin_this_process, unpin_this_process
 def main(argv: Sequence[str] | None = None) -> int:
     phases.mark("driver_process_start", t=phases.process_started_at())
     try:
-        args, plan = parse_command_line(argv)
+        args, plan = parse_command_line(argv, preflight=refuse_bad_files)
     except SystemExit as exit:  # --help, --validate-only, and every parse error end here
         return exit.code if isinstance(exit.code, int) else (0 if exit.code is None else 1)
     print(plan.table(), flush=True)
@@ -34,6 +34,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         return train(args, plan)
     except Exception as err:  # one line here; the traceback goes to the run dir
         return report_failure(args, err)
+
+
+def refuse_bad_files(args: Namespace) -> None:
+    """The launcher's preflight (miles.utils.external_utils.preflight: files, directories, the
+    checkpoint, custom functions, LoRA targets), so a direct run refuses what a recipe would, in one
+    line and before Ray starts. --validate-only checks them as a recipe's dry run does: what exists
+    is checked in full; a checkpoint or prompt file not there yet is named, and left to the run."""
+    import os
+    from pathlib import Path
+
+    from miles.utils.external_utils import preflight
+
+    host = preflight.HostFacts(num_nodes=args.num_nodes or 1, cuda_visible_devices="", dry_run=args.validate_only,
+                               import_paths=tuple(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p))
+    if args.validate_only:
+        for flag, path in (("--hf-checkpoint", args.hf_checkpoint), ("--prompt-data", args.prompt_data),
+                           ("--eval-prompt-data", args.eval_prompt_data)):
+            if path and not Path(path).exists():
+                print(f"note: {flag} {path} is not here: not checked (a run refuses it before Ray starts)",
+                      file=sys.stderr)
+    try:
+        preflight.check_parsed(args, host)
+    except preflight.PreflightError as err:
+        print(f"train_diffusion.py: error: {err}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
 
 
 def report_failure(args: Namespace, err: BaseException) -> int:

@@ -57,6 +57,10 @@ def setup(kind: str | None, tmp: Path, run: Path | None) -> None:
         (tmp / "bad.jsonl").write_bytes(PROMPTS.encode() + b'{"prompt": "caf\xe9"}\n')
     elif kind == "bad_json":
         (tmp / "badjson.jsonl").write_text(PROMPTS + '{"prompt": "unterminated\n')
+    elif kind == "custom_fns":
+        (tmp / "userfns.py").write_text(USER_FUNCTIONS)
+    elif kind == "custom_fns_broken":
+        (tmp / "userfns_broken.py").write_text("def loss(args, inputs)\n    return 0.5, {}\n")
     elif kind == "readonly_data":
         pass  # --data-dir is replaced by a read-only place in argv (see READ_ONLY)
     elif kind == "file_out":
@@ -71,6 +75,28 @@ def setup(kind: str | None, tmp: Path, run: Path | None) -> None:
         weights = tmp / "ckpts" / (tmp / "ckpts" / "latest").read_text().strip() / "model_transformer.safetensors"
         weights.unlink() if kind == "deleted_ckpt" else weights.write_bytes(weights.read_bytes()[:100])
 
+
+# a user's module (on the row's PYTHONPATH): each function breaks its contract in one way
+USER_FUNCTIONS = """
+def loss_float(args, inputs):
+    return 0.5
+
+
+def loss_raises(args, inputs):
+    raise RuntimeError("my loss broke")
+
+
+def loss_one_param(inputs):
+    return 0.5, {}
+
+
+async def rm_float(args, samples):
+    return 0.5
+
+
+async def rm_raises(args, samples):
+    raise RuntimeError("my reward broke")
+"""
 
 READ_ONLY = "/proc/miles-data"  # read-only to every user, root included (a chmod would not stop root)
 
@@ -109,7 +135,7 @@ def run_row(row: BadInput, checkpoint: Path, run: Path | None, scratch: Path) ->
     tmp = Path(tempfile.mkdtemp(prefix="row-", dir=scratch))
     setup(row.setup, tmp, run)
     argv = expand(row, tmp, checkpoint)
-    env = {**os.environ, **row.env, "PYTHONPATH": str(REPO), "MILES_SCRIPT_MODEL_DIR": str(checkpoint.parent)}
+    env = {**os.environ, **row.env, "PYTHONPATH": f"{REPO}{os.pathsep}{tmp}", "MILES_SCRIPT_MODEL_DIR": str(checkpoint.parent)}
     before = repo_state()
     start = time.monotonic()
     proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

@@ -31,10 +31,12 @@ def _r(name, names, *args, fast=True, env=None, setup=None, script=TINY, timeout
     return BadInput(name, argv, names, {**(DRY if dry else {}), **(env or {})}, setup, fast, timeout)
 
 
-def _t(name, names, *args, fast=True, setup=None, timeout=60.0):
-    """train_diffusion.py with a valid minimal base plus `args`."""
+def _t(name, names, *args, fast=True, setup=None, timeout=60.0, validate=True):
+    """train_diffusion.py with a valid minimal base plus `args`; validate=False: a real run, which must
+    refuse before it starts Ray (its --run-dir in {tmp})."""
+    mode = ("--validate-only",) if validate else ("--run-dir", "{tmp}/run-dir")
     argv = ("python3", "train_diffusion.py", "--hf-checkpoint", "{ckpt}", "--prompt-data", "{tmp}/p.jsonl",
-            "--rm-type", "brightness", "--num-rollout", "2", "--validate-only", *args)
+            "--rm-type", "brightness", "--num-rollout", "2", "--rollout-batch-size", "4", *mode, *args)
     return BadInput(name, argv, names, {}, setup or "prompts", fast, timeout)
 
 
@@ -72,8 +74,23 @@ RECIPES = [
     _r("recipe --extra-args --load missing dir", "--load", "--extra-args", "--load {tmp}/nope"),
     _r("recipe read-only --data-dir", "--data-dir", setup="readonly_data", dry=False, timeout=120.0),
     _r("recipe --output-dir is a file", "--output-dir", setup="file_out", dry=False),
-    _r("recipe non-UTF-8 prompt file", "line", "--extra-args", "--prompt-data {tmp}/bad.jsonl", setup="bad_utf8"),
+    _r("recipe non-UTF-8 prompt file", "bad.jsonl: line 5", "--extra-args", "--prompt-data {tmp}/bad.jsonl", setup="bad_utf8"),
     _r("recipe --num-rollout 1e3", "--num-rollout", "--num-rollout", "1e3"),
+    _r("recipe custom loss with one parameter", "userfns:loss_one_param", "--extra-args",
+       "--custom-loss-function-path userfns:loss_one_param", setup="custom_fns"),
+    _r("recipe custom loss in a module that does not parse", "does not parse", "--extra-args",
+       "--custom-loss-function-path userfns_broken:loss", setup="custom_fns_broken"),
+    # these reach the train ranks / reward workers: a real tiny run of one rollout each (~40 s)
+    _r("recipe custom loss returns a float", "(loss, metrics)", "--num-rollout", "1", "--extra-args",
+       "--custom-loss-function-path userfns:loss_float", setup="custom_fns", dry=False, fast=False, timeout=240.0),
+    _r("recipe custom loss raises", "userfns:loss_raises", "--num-rollout", "1", "--extra-args",
+       "--custom-loss-function-path userfns:loss_raises", setup="custom_fns", dry=False, fast=False, timeout=240.0),
+    _r("recipe custom reward returns a float", "userfns:rm_float", "--num-rollout", "1", "--extra-args",
+       "--rm-type custom --custom-rm-path userfns:rm_float", setup="custom_fns", dry=False, fast=False,
+       timeout=240.0),
+    _r("recipe custom reward raises", "userfns:rm_raises", "--num-rollout", "1", "--extra-args",
+       "--rm-type custom --custom-rm-path userfns:rm_raises", setup="custom_fns", dry=False, fast=False,
+       timeout=240.0),
 ]
 
 TRAIN = [
@@ -84,9 +101,9 @@ TRAIN = [
     _t("train --n-samples-per-prompt 0", "--n-samples-per-prompt", "--n-samples-per-prompt", "0"),
     _t("train --micro-batch-size 0", "--micro-batch-size", "--micro-batch-size", "0"),
     _t("train --hf-checkpoint missing", "--hf-checkpoint", "--hf-checkpoint", "{tmp}/missing"),
-    _t("train --prompt-data missing", "--prompt-data", "--prompt-data", "{tmp}/missing.jsonl"),
-    _t("train --prompt-data non-UTF-8", "line", "--prompt-data", "{tmp}/bad.jsonl", setup="bad_utf8"),
-    _t("train --prompt-data bad JSON", "line", "--prompt-data", "{tmp}/badjson.jsonl", setup="bad_json"),
+    _t("train --prompt-data missing", "--prompt-data", "--prompt-data", "{tmp}/missing.jsonl", validate=False),
+    _t("train --prompt-data non-UTF-8", "bad.jsonl: line 5", "--prompt-data", "{tmp}/bad.jsonl", setup="bad_utf8"),
+    _t("train --prompt-data bad JSON", "badjson.jsonl:5", "--prompt-data", "{tmp}/badjson.jsonl", setup="bad_json"),
     _t("train --diffusion-model-family wan2_2 on sd3", "--diffusion-model-family", "--diffusion-model-family",
        "wan2_2"),
     _t("train --lora-target-modules nothing", "--lora-target-modules", "--use-lora", "--lora-target-modules",

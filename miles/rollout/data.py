@@ -28,11 +28,20 @@ class PromptItem:
     index: int = 0  # position of the prompt in the file, 0-based
 
 
+def _decode_line(raw: bytes, path: Path, line_number: int) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise PromptDataError(f"{path}: line {line_number} is not UTF-8 (byte 0x{raw[err.start]:02x} at byte "
+                              f"{err.start + 1} of the line); fix: save the file as UTF-8 (e.g. iconv -f latin1 -t "
+                              f"utf-8 {path.name})") from None
+
+
 def _parse_line(text: str, where: str, index: int, input_key: str, metadata_key: str) -> PromptItem:
     try:
         record = json.loads(text)
     except json.JSONDecodeError as err:
-        raise PromptDataError(f"{where}: malformed JSON ({err.msg} at column {err.colno})") from None
+        raise PromptDataError(f"{where}: malformed JSON ({err.msg}, column {err.colno})") from None
     if not isinstance(record, dict):
         raise PromptDataError(f"{where}: expected a JSON object, got {type(record).__name__}")
     if input_key not in record:
@@ -55,8 +64,9 @@ def read_prompt_file(path: str | Path, input_key: str = "prompt", metadata_key: 
     if not path.is_file():
         raise PromptDataError(f"{path}: prompt file not found (--prompt-data)")
     items: list[PromptItem] = []
-    with path.open(encoding="utf-8") as handle:
-        for line_number, text in enumerate(handle, start=1):
+    with path.open("rb") as handle:  # decoded line by line, so a bad byte is reported with its line
+        for line_number, raw in enumerate(handle, start=1):
+            text = _decode_line(raw, path, line_number)
             if text.strip():
                 items.append(_parse_line(text, f"{path}:{line_number}", len(items), input_key, metadata_key))
     if not items:

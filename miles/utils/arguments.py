@@ -11,7 +11,7 @@ import argparse
 import logging
 import re
 import sys
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from miles.utils.batching import ITER_ORDERS, SPLIT_MODES, BatchPlan
 from miles.utils.capability_flags import add_capability_flags
@@ -483,7 +483,8 @@ def _config(parser) -> None:
     g.add_argument("--custom-config-path", default=None,
                    help="YAML mapping of flag -> value (dest or flag form); overrides the command line, "
                    "warning per key; an unknown key is an error")
-    _switch(g, "--validate-only", "parse and validate, print the batch plan, exit (no torch, no Ray)")
+    _switch(g, "--validate-only", "parse and validate, check the files that exist (as a recipe's dry run "
+            "does), print the batch plan, exit (no torch, no Ray)")
 
 
 # ---- the YAML override ----
@@ -578,8 +579,11 @@ def validate_argv(argv: Sequence[str]) -> BatchPlan:
     return parse_and_plan(argv)[1]
 
 
-def parse_command_line(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, BatchPlan]:
-    """train_diffusion.py's parse step: exits 0 after --help/--validate-only, 1 on a ConfigError."""
+def parse_command_line(argv: Sequence[str] | None = None,
+                       preflight: Callable[[argparse.Namespace], None] | None = None,
+                       ) -> tuple[argparse.Namespace, BatchPlan]:
+    """train_diffusion.py's parse step: exits 0 after --help/--validate-only, 1 on a ConfigError.
+    `preflight(namespace)` (the caller's file checks) runs before --validate-only answers."""
     try:
         namespace, plan = parse_and_plan(argv)
     except ConfigError as error:
@@ -591,6 +595,8 @@ def parse_command_line(argv: Sequence[str] | None = None) -> tuple[argparse.Name
         print(plan.table())
         print(f"train_diffusion.py: error: {error}", file=sys.stderr)
         raise SystemExit(1) from None
+    if preflight is not None:
+        preflight(namespace)
     if namespace.validate_only:
         print(plan.table())
         print(memory.table())

@@ -106,7 +106,7 @@ def compute_batch_plan(ns: Namespace) -> BatchPlan:
     spec = micro_batch_spec(ns)
     windows = _all_windows(ns, dp_size, steps_per_rollout)
     gbs = _check_global_batch(ns, gbs, steps_per_rollout, dp_size)
-    forwards = _tile_default_tile(ns, dp_size, steps_per_rollout, windows, spec)
+    forwards = _tile_for_ranks(ns, dp_size, steps_per_rollout, windows, spec)
     sigmas = tuple(sigma_schedule(ns.diffusion_num_steps, shift_of(ns, family)))
     experts = _experts_per_step(family, sigmas, ns.diffusion_num_steps)
     _check_phase_purity(ns, family, experts, forwards)
@@ -184,6 +184,33 @@ def _check_rollout_tiles(ns: Namespace, dp_size: int, steps_per_rollout: int, sp
         f"forward must be one microgroup of --rollout-microgroup-size {group} samples at one timestep, as the "
         f"engines ran it (else parity is not exact); fix: {_rollout_tile_fix(ns, dp_size, steps_per_rollout)}"
     )
+
+
+def _tile_for_ranks(ns: Namespace, dp_size: int, steps_per_rollout: int, windows, spec: MicroBatchSpec):
+    """`_tile_default_tile`; when the micro-batch flags given fit fewer train ranks, the refusal names
+    the rank count first (it split each optimizer step too finely) and the counts that fit. (The
+    default rollout tile keeps its own message, whose fix keeps the ranks.)"""
+    try:
+        return _tile_default_tile(ns, dp_size, steps_per_rollout, windows, spec)
+    except ConfigError as error:
+        given = ns.micro_batch_size is not None or ns.micro_batch_size_sample is not None
+        fitting = [n for n in range(1, dp_size) if given and _ranks_tile(ns, n, steps_per_rollout, spec)]
+        if not fitting:
+            raise
+        what, fix = str(error).split("; fix: ", 1)
+        raise ConfigError(
+            f"{dp_size} train ranks (--actor-num-nodes {ns.actor_num_nodes} x --actor-num-gpus-per-node "
+            f"{ns.actor_num_gpus_per_node}) split each optimizer step too finely for the micro-batch: {what}; fix: "
+            f"{' or '.join(map(str, fitting))} train rank(s) fit it, or {fix}"
+        ) from None
+
+
+def _ranks_tile(ns: Namespace, dp_size: int, steps_per_rollout: int, spec: MicroBatchSpec) -> bool:
+    try:
+        _tile_default_tile(ns, dp_size, steps_per_rollout, _all_windows(ns, dp_size, steps_per_rollout), spec)
+    except ConfigError:
+        return False
+    return True
 
 
 def _tile_default_tile(ns: Namespace, dp_size: int, steps_per_rollout: int, windows, spec: MicroBatchSpec):

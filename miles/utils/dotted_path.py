@@ -33,4 +33,38 @@ def load_callable(path: str, what: str = "function") -> Any:
     fn = getattr(module, attr, None)
     if not callable(fn):
         raise DottedPathError(f"{what} {path!r}: module {module_name!r} has no function {attr!r}")
-    return fn
+    contract = RESULT_CONTRACTS.get(what)
+    return fn if contract is None else _held_to(fn, path, what, *contract)
+
+
+class CustomFunctionError(RuntimeError):
+    """A user's function raised, or returned what its contract does not allow; names the flag and path."""
+
+
+def _is_loss_and_metrics(result: Any) -> bool:
+    return isinstance(result, (tuple, list)) and len(result) == 2 and isinstance(result[1], dict)
+
+
+# the flag whose function is called -> (its result is right, what it must return); the trainer unpacks
+# the result, so a wrong one would otherwise end as "cannot unpack non-iterable float"
+RESULT_CONTRACTS = {
+    "--custom-loss-function-path": (_is_loss_and_metrics,
+                                    "(loss, metrics): a scalar loss tensor to backpropagate and a dict of metrics"),
+}
+
+
+def _held_to(fn: Any, path: str, what: str, is_right: Any, must_return: str) -> Any:
+    """`fn`, whose failures name the flag, the path and the contract (the user's traceback stays chained)."""
+    def call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            result = fn(*args, **kwargs)
+        except Exception as err:
+            raise CustomFunctionError(f"{what} {path} raised {type(err).__name__}: {err}; fix: that function "
+                                      f"(its traceback is in the job log), which must return {must_return}") from err
+        if not is_right(result):
+            raise CustomFunctionError(f"{what} {path} returned a {type(result).__name__}; fix: return "
+                                      f"{must_return}")
+        return result
+
+    call.__wrapped__ = fn
+    return call

@@ -10,8 +10,11 @@ transformers are the class the family runs and the optional libraries their forw
 importable here (torchvision for a released Cosmos transformer); height,
 width and frames fit the family's VAE and patch sizes; the prompt files read and parse, with
 enough distinct prompts for a rollout batch; custom reward / loss functions exist with the right
-parameters; --save holds no other run's checkpoints and --load names a checkpoint trained with
-this run's flags and data order (miles.utils.checkpoint_identity).
+parameters; --lora-target-modules names modules the transformers have (read from the weights'
+headers); --save holds no other run's checkpoints and --load names a checkpoint trained with
+this run's flags and data order (miles.utils.checkpoint_identity), whose weights files are whole.
+
+train_diffusion.py runs the same checks (check_parsed) before Ray starts, --validate-only included.
 
 A dry run skips the checks of the files a recipe makes on first use (checkpoint, prompt files)
 when they do not exist yet, and runs the rest.
@@ -30,6 +33,7 @@ from pathlib import Path
 
 from miles.utils import checkpoint_identity as identity
 from miles.utils import checkpoint_layout as layout
+from miles.utils import safetensors_headers as headers
 from miles.utils.families import get_family_facts
 
 
@@ -52,10 +56,15 @@ def preflight(argv: list[str], host: HostFacts) -> Namespace:
     from miles.utils.arguments import parse_and_plan
 
     ns, _ = parse_and_plan(argv)
-    for check in (check_counts, check_writable, check_hf_checkpoint, check_resolution, check_prompt_files,
-                  check_custom_functions, check_checkpoints):
-        check(ns, host)
+    check_parsed(ns, host)
     return ns
+
+
+def check_parsed(ns: Namespace, host: HostFacts) -> None:
+    """Every check over flags already parsed (train_diffusion.py run directly has them)."""
+    for check in (check_counts, check_writable, check_hf_checkpoint, check_resolution, check_prompt_files,
+                  check_custom_functions, check_lora_targets, check_checkpoints):
+        check(ns, host)
 
 
 # ---- nodes and devices ----
@@ -158,9 +167,10 @@ def check_prompt_files(ns: Namespace, host: HostFacts) -> None:
             continue  # SFT items are read by their own dataset (images, sizes) when the run starts
         try:
             items = read_prompt_file(path, ns.input_key, ns.metadata_key)
-        except (PromptDataError, UnicodeDecodeError) as err:
-            raise PreflightError(f"{flag}: {err}; fix: make each line a JSON object with the prompt under "
-                                 f"--input-key {ns.input_key!r}") from None
+        except PromptDataError as err:  # a message with its own fix (not UTF-8) keeps it
+            fix = "" if "fix:" in str(err) else (f"; fix: make each line a JSON object with the prompt under "
+                                                 f"--input-key {ns.input_key!r}")
+            raise PreflightError(f"{flag}: {err}{fix}") from None
         distinct = len({item.prompt for item in items})
         if flag == "--prompt-data" and distinct < ns.rollout_batch_size:
             raise PreflightError(f"--prompt-data {path} holds {distinct} distinct prompt(s) but --rollout-batch-size "
@@ -254,9 +264,70 @@ def _binds(node: ast.stmt, name: str) -> bool:
 
 def check_checkpoints(ns: Namespace, host: HostFacts) -> None:
     try:
-        identity.check_run_checkpoints(ns)
+        identity.check_save_dir(ns.save, identity.run_id_of(ns), ns.load)
+        if ns.load:  # whole files first: no flag (--load-anyway included) makes a cut-short file load
+            _check_checkpoint_weights(ns, identity.find_load(ns.load).path)
+        identity.check_load(ns)
     except identity.CheckpointRefused as err:
         raise PreflightError(str(err)) from None
+
+
+def _check_checkpoint_weights(ns: Namespace, path: Path) -> None:
+    """The weights files of the checkpoint --load resumes are there and whole (headers read, no
+    tensor loaded): a deleted or truncated one is named now, not by a rank's traceback after Ray starts."""
+    fix = "fix: restore that file, or give --load a copy of the run's checkpoints whose latest is whole"
+    written_by = _read_json_file(path / "rank0.json") or {}
+    if written_by.get("backend") == "dp" and not list(path.glob("model_*.safetensors")):
+        expected = " or ".join(f"model_{c}.safetensors" for c in
+                               get_family_facts(ns.diffusion_model_family).transformer_components)
+        raise PreflightError(f"--load {ns.load}: {path} has no {expected} (the trained weights were deleted?); "
+                             f"{fix}")
+    for weights in sorted(path.glob("*.safetensors")):
+        try:
+            headers.read_header(weights)
+        except (OSError, headers.HeaderError) as err:
+            raise PreflightError(f"--load {ns.load}: {weights} is not whole: {err}; {fix}") from None
+
+
+def _read_json_file(path: Path) -> dict | None:
+    try:
+        found = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return found if isinstance(found, dict) else None
+
+
+# ---- LoRA targets, matched against the checkpoint's weight names ----
+
+def _leaf(module: str) -> str:
+    """The name a target gives for `module`: its last part, with its parent when that part is an
+    index (`to_out.0`)."""
+    parts = module.split(".")
+    return ".".join(parts[-2:]) if parts[-1].isdigit() and len(parts) > 1 else parts[-1]
+
+
+def check_lora_targets(ns: Namespace, host: HostFacts) -> None:
+    """Each transformer has a module that --lora-target-modules names, matched as PEFT matches a list
+    (the module's name, or its dotted suffix); the weight names come from the safetensors headers."""
+    if not ns.use_lora or not ns.lora_target_modules:
+        return
+    targets = list(ns.lora_target_modules)
+    for component in get_family_facts(ns.diffusion_model_family).transformer_components:
+        folder = Path(ns.hf_checkpoint) / component
+        try:
+            names = headers.tensor_names(folder) if folder.is_dir() else None
+        except (OSError, headers.HeaderError):
+            names = None  # an unreadable weights file is check_hf_checkpoint's to report
+        if not names:
+            continue
+        modules = {name.rsplit(".", 1)[0] for name in names if "." in name}
+        if not any(m == t or m.endswith("." + t) for m in modules for t in targets):
+            leaves = sorted({_leaf(m) for m in modules})
+            shown = ", ".join(leaves[:16]) + (f", ... ({len(leaves)} in all)" if len(leaves) > 16 else "")
+            raise PreflightError(f"--lora-target-modules {' '.join(targets)} matches no module of the "
+                                 f"{ns.diffusion_model_family} {component} in {ns.hf_checkpoint}; its module names "
+                                 f"end in: {shown}; fix: name some of them (or drop the flag for the family's "
+                                 f"default)")
 
 
 # ---- the record a refused launch leaves ----

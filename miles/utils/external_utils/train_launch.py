@@ -155,7 +155,7 @@ def execute_train(
             raise LaunchError(f"{launch.plan.memory_plan_error} (plan: {Path(launch.plan.run_dir) / 'plan.json'})")
     except (LaunchError, LockedFlagError, ExtraEnvVarsError, LaunchModeError, ScriptOptionError,
             AssetMissingError, FlagRefused, TrainScriptError) as err:
-        print(f"error: {err}", file=sys.stderr, flush=True)
+        print(f"error: {_in_recipe_terms(err, config)}", file=sys.stderr, flush=True)
         raise SystemExit(2) from None
     if launch.plan.dry_run:
         _show_dry_run(launch, before_ray_job_submit)
@@ -163,6 +163,15 @@ def execute_train(
     status = _run_launch(launch, config, before_ray_job_submit, cluster_wait_timeout)
     if status != 0:
         raise SystemExit(status)
+
+
+def _in_recipe_terms(err: Exception, config: ExecuteTrainConfig) -> str:
+    """A refusal about the train ranks, from a recipe that sets them with its own --train-ranks,
+    names that flag first: the train flags it mentions are the recipe's, not the user's."""
+    ranks = getattr(config, "train_ranks", None)
+    if isinstance(err, TrainArgvError) and ranks is not None and "train ranks" in str(err):
+        return f"--train-ranks {ranks}: {err}"
+    return str(err)
 
 
 def refuse_bad_inputs(launch: _Launch, config: ExecuteTrainConfig) -> None:

@@ -147,7 +147,16 @@ def test_sft_loss_regresses_the_flow_matching_velocity():
 
 
 def test_custom_loss_loads_from_both_path_forms():
-    assert load_custom_loss("math:sqrt") is math.sqrt
-    assert load_custom_loss("math.sqrt") is math.sqrt
+    assert load_custom_loss("math:sqrt").__wrapped__ is math.sqrt
+    assert load_custom_loss("math.sqrt").__wrapped__ is math.sqrt
     with pytest.raises(ValueError, match="has no function .pi."):
         load_custom_loss("math:pi")
+
+
+def test_a_custom_loss_that_returns_a_float_or_raises_names_the_path_and_what_it_must_return():
+    from miles.utils.dotted_path import CustomFunctionError
+
+    with pytest.raises(CustomFunctionError, match=r"math:sqrt returned a float; fix: return \(loss, metrics\)"):
+        load_custom_loss("math:sqrt")(4.0)
+    with pytest.raises(CustomFunctionError, match=r"math:sqrt raised ValueError: .*must return \(loss, metrics\)"):
+        load_custom_loss("math:sqrt")(-1.0)

@@ -12,7 +12,11 @@ from ci.bad_inputs import ALL, BadInput
 
 FAST = ["recipe --seed -5", "recipe --train-ranks 0", "train --seed -5", "sample --num-samples -1",
         "sample --height 63", "run_suite --gpus 0", "run_suite malformed --ray-address",
-        "export missing source", "replay --depth bad"]
+        "export missing source", "replay --depth bad",
+        # issue 45's last points: train_diffusion.py's own file checks before Ray, the line number of a
+        # byte that is not UTF-8, train ranks named as such, LoRA targets matched against the weights
+        "train --prompt-data missing", "train --prompt-data non-UTF-8", "recipe non-UTF-8 prompt file",
+        "train --lora-target-modules nothing", "recipe --train-ranks 4", "train --custom-loss-function-path missing"]
 ROWS = {r.name: r for r in ALL}
 
 

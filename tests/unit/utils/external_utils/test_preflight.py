@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -109,6 +110,12 @@ def test_a_bad_input_is_one_line_exit_2_and_writes_only_its_refusal(tmp_path, mo
     assert_refused(result, tmp_path / "out", *words)
 
 
+def _safetensors_of_random_floats(count: int) -> bytes:
+    """A whole safetensors file (the preflight reads its header) of one float32 tensor of random values."""
+    header = json.dumps({"w": {"dtype": "F32", "shape": [count], "data_offsets": [0, 4 * count]}}).encode()
+    return struct.pack("<Q", len(header)) + header + os.urandom(4 * count)
+
+
 def _earlier_run(out: Path, run_id: str, flags: dict | None = None) -> Path:
     """A finished run's dir as a real run leaves it: plan.json, run.json and two checkpoints whose
     records name the run, its training flags and its data order."""
@@ -119,7 +126,7 @@ def _earlier_run(out: Path, run_id: str, flags: dict | None = None) -> Path:
     for rollout_id in (0, 1):
         ckpt = save / f"rollout_{rollout_id:06d}"
         ckpt.mkdir(parents=True)
-        (ckpt / "model_transformer.safetensors").write_bytes(os.urandom(64))
+        (ckpt / "model_transformer.safetensors").write_bytes(_safetensors_of_random_floats(16))
         record = {"rollout_id": rollout_id, "run_id": run_id, "training_flags": flags or {},
                   "data_order": {"seed": 1234, "shuffle": True, "epoch": 0, "offset": 4 * (rollout_id + 1),
                                  "num_prompts": 64}, "code_version": identity.code_version()}
