@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 
+import ray
+
 from safetensors.torch import load_file
 
 import train_diffusion
@@ -103,6 +105,8 @@ def test_stop_on_parity_drift_ends_the_run_at_the_first_off_policy_rollout_namin
     argv = tiny_argv(tmp_path, f"{RANKS[1]} --num-rollout 3 --use-lora --lora-rank 4 --debug-skip-weight-update-at 0 "
                                "--stop-on-parity-drift")
     assert train_diffusion.main(argv) == 1
+    # the failed run gave its placement group back: this process's Ray connection outlives it
+    assert all(g["state"] == "REMOVED" for g in ray.util.placement_group_table().values())
     rows = read_metrics(tmp_path)
     assert [r["rollout_id"] for r in rows] == [0, 1]  # rollout 1 sampled with the adapters of before rollout 0
     assert "OFF-POLICY" in capsys.readouterr().out

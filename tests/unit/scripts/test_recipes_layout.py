@@ -43,8 +43,9 @@ CATALOG = (
 )
 RECIPES = [REPO / "scripts" / name for name in CATALOG]
 SCALES = ("full", "gpu-proxy", "cpu-proxy")  # every scaled recipe has these three
-# a recipe may add a scale of its own, e.g. 1gpu-proxy for ci/gpu_check.sh
-EXTRA_SCALES = ("1gpu-proxy",)
+# a recipe may add a scale of its own: 1gpu-proxy for ci/gpu_check.sh, cpu-rehearsal(-fsdp) for the
+# GPU settings rehearsed on CPU slots (issue 39)
+EXTRA_SCALES = ("1gpu-proxy", "cpu-rehearsal", "cpu-rehearsal-fsdp")
 FLAG_BLOCKS = (
     "ckpt_args", "rollout_args", "eval_args", "grpo_args", "optimizer_args", "lora_args", "reward_args",
     "engine_args", "train_backend_args", "perf_args", "misc_args",
