@@ -62,6 +62,7 @@ def receiver(device: str, handle: bytes, plan, channel, acks, result) -> None:
 
     holder = Holder(weights(0, device))
     engine = IpcReceiver(handle, plan, {"transformer": holder})
+    acks.put("opened")
     engine.begin()
     while (index := channel.get()) is not None:
         engine.receive(index)
@@ -81,6 +82,10 @@ def push(device: str) -> float:
     channel, acks, result = ctx.Queue(), ctx.Queue(), ctx.Queue()
     engine = ctx.Process(target=receiver, args=(device, sender.handle, plan, channel, acks, result))
     engine.start()
+    try:
+        assert acks.get(timeout=120) == "opened"
+    finally:
+        sender.opened()  # as the train rank does once its engines hold the buffer
 
     def deliver(index: int) -> None:
         channel.put(index)

@@ -3,10 +3,10 @@
 With `--colocate` every engine shares a device (and so a host) with train rank `engine % ranks`
 (miles.utils.placement_plan). That rank packs each bucket of the update into one flat buffer on
 its device and the engine copies it out of the same memory: CUDA IPC on a GPU, shared memory on
-the CPU. Both come from `torch.multiprocessing`'s reductions, so the code is one: the buffer's
-handle is the buffer pickled by `ForkingPickler` (a CUDA tensor reduces to a `cudaIpcMemHandle`,
-a CPU one, under the `file_system` strategy, to a named shared-memory segment), made once when
-the push path forms and rebuilt once by the engine; after that a push moves only bucket indices.
+the CPU. On a GPU the handle is the buffer pickled by torch's reductions (a `cudaIpcMemHandle`);
+on the CPU it names a POSIX shared-memory segment of ours (`Segment`, which says why not torch's).
+Either way the rank and the engine run the same code: the handle is made once when the push path
+forms and opened once by each engine; after that a push moves only bucket indices.
 
 Protocol, per bucket: the rank gathers the bucket's tensors on its device (a sharded tensor's
 `full_tensor()`, a collective every rank walks in the plan's order), casts them into the buffer in
@@ -20,13 +20,18 @@ needs a second path; no bytes cross the host on a GPU, and the engine stages not
 
 from __future__ import annotations
 
+import _posixshmem
 import contextlib
+import mmap
+import os
 import pickle
-from typing import Callable, Iterator
+import secrets
+from dataclasses import dataclass
+from multiprocessing.reduction import ForkingPickler
+from typing import Callable
 
 import torch
-import torch.multiprocessing as mp
-from multiprocessing.reduction import ForkingPickler  # torch.multiprocessing registers its reductions here
+import torch.multiprocessing  # noqa: F401  registers torch's reductions with ForkingPickler
 
 from miles.backends.weight_buckets import BucketPlan, Staging, engine_targets
 from miles.backends.fsdp import full_tensor
@@ -39,27 +44,54 @@ def buffer_bytes(plan: BucketPlan) -> int:
     return max((b.nbytes for b in plan.buckets), default=0)
 
 
-@contextlib.contextmanager
-def _shared_by_name() -> Iterator[None]:
-    """CPU storages reduce to a named segment any process of the host can open (the default,
-    `file_descriptor`, passes the fd over a socket keyed by the parent's authkey, which two
-    Ray workers do not share). CUDA storages ignore the strategy."""
-    before = mp.get_sharing_strategy()
-    mp.set_sharing_strategy("file_system")
-    try:
-        yield
-    finally:
-        mp.set_sharing_strategy(before)
-
-
 def share(buffer: torch.Tensor) -> bytes:
-    """A handle another process of this host (device) rebuilds the same memory from."""
-    with _shared_by_name():
-        return bytes(ForkingPickler.dumps(buffer))
+    """A handle another process of this device rebuilds the same memory from: a CUDA buffer
+    pickled by torch's reductions (a cudaIpcMemHandle, released with the last process using it)."""
+    return bytes(ForkingPickler.dumps(buffer))
 
 
-def open_shared(handle: bytes) -> torch.Tensor:
+@dataclass(frozen=True)
+class Segment:
+    """A CPU buffer's handle: a POSIX shared-memory segment of ours. Torch's own (the `file_system`
+    strategy) is unlinked by the last process to close it, so an engine killed with its run (Ray
+    kills actors; they never close) left it in /dev/shm, in RAM, for good: every CPU run leaked its
+    push buffer. Ours loses its name once the engines have mapped it, and goes with the last map."""
+
+    name: str
+    nbytes: int
+
+
+def _map(name: str, nbytes: int, flags: int) -> torch.Tensor:
+    fd = _posixshmem.shm_open(name, flags, mode=0o600)
+    try:
+        if flags & os.O_CREAT:
+            os.ftruncate(fd, max(nbytes, 1))
+        mapped = mmap.mmap(fd, max(nbytes, 1))
+    finally:
+        os.close(fd)
+    return torch.frombuffer(mapped, dtype=torch.uint8)[:nbytes]  # the tensor keeps the map alive
+
+
+def new_buffer(nbytes: int, device: torch.device) -> tuple[torch.Tensor, bytes | Segment]:
+    """The push buffer on `device` and the handle its engines open it by."""
+    if device.type != "cpu":
+        buffer = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        return buffer, share(buffer)
+    segment = Segment(f"/miles_push_{os.getpid()}_{secrets.token_hex(6)}", nbytes)
+    return _map(segment.name, nbytes, os.O_CREAT | os.O_EXCL | os.O_RDWR), segment
+
+
+def open_shared(handle: bytes | Segment) -> torch.Tensor:
+    if isinstance(handle, Segment):
+        return _map(handle.name, handle.nbytes, os.O_RDWR)
     return pickle.loads(handle)
+
+
+def forget_name(handle: bytes | Segment) -> None:
+    """No process opens the buffer by its handle again: a CPU segment's name is removed."""
+    if isinstance(handle, Segment):
+        with contextlib.suppress(FileNotFoundError):
+            _posixshmem.shm_unlink(handle.name)
 
 
 def _wait_for_device(t: torch.Tensor) -> None:
@@ -73,9 +105,12 @@ class IpcSender:
 
     def __init__(self, plan: BucketPlan, device: torch.device):
         self.plan = plan
-        self.buffer = torch.empty(buffer_bytes(plan), dtype=torch.uint8, device=device)
-        self.handle = share(self.buffer)
+        self.buffer, self.handle = new_buffer(buffer_bytes(plan), device)
         self.last = Staging()
+
+    def opened(self) -> None:
+        """Every engine this rank serves holds the buffer now (or never will)."""
+        forget_name(self.handle)
 
     @torch.no_grad()
     def send(self, tensors: dict[tuple[str, str], torch.Tensor], deliver: Deliver) -> Staging:

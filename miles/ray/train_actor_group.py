@@ -49,7 +49,10 @@ class TrainActor(TrainRank):
         self.ipc_engines = list(engines or [])
         self.ipc_sender = IpcSender(plan, self.device) if self.ipc_engines else None
         if self.ipc_sender is not None:
-            ray.get([e.open_ipc_push.remote(self.ipc_sender.handle, plan) for e in self.ipc_engines])
+            try:
+                ray.get([e.open_ipc_push.remote(self.ipc_sender.handle, plan) for e in self.ipc_engines])
+            finally:
+                self.ipc_sender.opened()  # opened or failed, no one opens it by name again
 
     def send_weights(self) -> int:
         """Rank 0 broadcasts, or each rank hands its own engines the buffer (IPC); a rank with

@@ -38,6 +38,9 @@ from torch.utils._pytree import tree_map
 from miles.replay.meta_outputs import META_OUTPUTS, is_view
 
 HOST = "host"
+# the places and roles of the replay's report
+TRAIN_GPU, ROLLOUT_GPU, REWARD_GPU = "train GPU", "rollout GPU", "reward GPU"
+RANK, ENGINE, REWARD = "train rank", "engine", "reward worker"
 UNPLACED = "meta in the real run"  # what the real run itself builds on meta: no bytes anywhere
 _FSDP_FILES = ("/torch/distributed/fsdp/", "/torch/distributed/_composable/")
 _SNAPSHOT_STEP = 1.05  # a new top-tensors snapshot when a role's peak grows by 5 %

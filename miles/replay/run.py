@@ -50,13 +50,12 @@ from pathlib import Path
 import torch
 
 from miles.replay.checkpoint import block_count, component_specs, dual_blocks, write_config_checkpoint
-from miles.replay.memory import HOST, LiveMemory, PhaseRecord
+from miles.replay.memory import (ENGINE, HOST, RANK, REWARD, REWARD_GPU, ROLLOUT_GPU, TRAIN_GPU,  # noqa: F401  report reads them here
+                                 LiveMemory, PhaseRecord)
 from miles.replay.seams import fake_process_group, replay_seams, sft_stand_ins, staging_dir
 from miles.replay.weight_push import weight_push
 
-TRAIN_GPU, ROLLOUT_GPU, REWARD_GPU = "train GPU", "rollout GPU", "reward GPU"
 PHASES = ("setup", "train", "weight push", "checkpoint save", "rollout")  # a rollout's order, steady state
-RANK, ENGINE, REWARD = "train rank", "engine", "reward worker"
 # FSDP2 gathers the next block while one runs, in forward and in backward, so the moment of the
 # peak settles only from three blocks on: Qwen-Image's train-step peak rises 0.70 GiB from 2 to 3
 # blocks, then 0.469 GiB a block from 3 to 4 and from 4 to 6; Wan2.2 SFT's host memory settles at 4

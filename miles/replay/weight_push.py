@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from miles.replay.memory import LiveMemory
+from miles.replay.memory import ENGINE, RANK, TRAIN_GPU, LiveMemory
 
 
 def weight_push(memory: LiveMemory, args, rank, engine, places: dict[str, str]) -> None:
@@ -14,7 +14,6 @@ def weight_push(memory: LiveMemory, args, rank, engine, places: dict[str, str]) 
     them. Colocated (the IPC transport): one reused buffer on the rank's device, which the engine
     copies out of without staging anything; else the broadcast, one bucket staged on each side."""
     from miles.backends.train_offload import resident
-    from miles.replay.run import ENGINE, RANK, TRAIN_GPU  # run imports this module: looked up when called
     from miles.backends.weight_buckets import plan_buckets, send_buckets
     from miles.utils.validation import DEFAULT_UPDATE_WEIGHT_BUFFER_SIZE
 
@@ -37,7 +36,6 @@ def _ipc_push(memory: LiveMemory, buckets, tensors, rank, engine, engine_place: 
     from unittest import mock
 
     from miles.backends import ipc_push
-    from miles.replay.run import ENGINE
 
     with mock.patch.object(ipc_push, "share", lambda buffer: b""):
         sender = ipc_push.IpcSender(buckets, rank.device)
