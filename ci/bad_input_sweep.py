@@ -63,6 +63,10 @@ def setup(kind: str | None, tmp: Path, run: Path | None) -> None:
         (tmp / "userfns_broken.py").write_text("def loss(args, inputs)\n    return 0.5, {}\n")
     elif kind == "readonly_data":
         pass  # --data-dir is replaced by a read-only place in argv (see READ_ONLY)
+    elif kind == "failing_curl":  # a stand-in that fails as curl does with no network, never the network
+        (tmp / "bin").mkdir()
+        (tmp / "bin" / "curl").write_text("#!/bin/sh\necho 'curl: (6) Could not resolve host' >&2\nexit 6\n")
+        (tmp / "bin" / "curl").chmod(0o755)
     elif kind == "file_out":
         (tmp / "out").write_text("a file, not a folder\n")
     elif kind in ("run", "run_truncated"):
@@ -135,7 +139,8 @@ def run_row(row: BadInput, checkpoint: Path, run: Path | None, scratch: Path) ->
     tmp = Path(tempfile.mkdtemp(prefix="row-", dir=scratch))
     setup(row.setup, tmp, run)
     argv = expand(row, tmp, checkpoint)
-    env = {**os.environ, **row.env, "PYTHONPATH": f"{REPO}{os.pathsep}{tmp}", "MILES_SCRIPT_MODEL_DIR": str(checkpoint.parent)}
+    row_env = {k: v.format(tmp=tmp, path=os.environ.get("PATH", "")) for k, v in row.env.items()}
+    env = {**os.environ, **row_env, "PYTHONPATH": f"{REPO}{os.pathsep}{tmp}", "MILES_SCRIPT_MODEL_DIR": str(checkpoint.parent)}
     before = repo_state()
     start = time.monotonic()
     proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

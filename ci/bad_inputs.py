@@ -4,6 +4,7 @@ Each row: a name, the command (argv; `{tmp}` is the row's own scratch folder, `{
 repository, `{ckpt}` the tiny SD3 checkpoint, `{run}` a finished tiny run copied into {tmp}), the
 text the last line must contain (the input it names), an optional setup (a key of SETUPS run in
 {tmp} first), and `fast` for rows that stop before any cluster or model (the unit test's subset).
+Environment values may name `{tmp}` and `{path}` (the sweep's own PATH).
 """
 
 from __future__ import annotations
@@ -12,6 +13,9 @@ from dataclasses import dataclass, field
 
 TINY = "scripts/run_diffusion_grpo_tiny_cpu.py"
 SD3_OCR = "scripts/run_diffusion_grpo_sd3_ocr_sglang.py"
+MULTINODE = "scripts/run_diffusion_grpo_wan22_pickscore_17gpu_multinode.py"
+# a head of a multi-node launch (--scale full) whose `curl`, first on PATH, fails as it does offline
+FAILING_CURL = {"PATH": "{tmp}/bin:{path}", "HF_HOME": "{tmp}/hf", "MASTER_ADDR": "192.0.2.10"}
 DRY = {"MILES_SCRIPT_ENABLE_RAY_SUBMIT": "0"}
 
 
@@ -80,6 +84,8 @@ RECIPES = [
        "--custom-loss-function-path userfns:loss_one_param", setup="custom_fns"),
     _r("recipe custom loss in a module that does not parse", "does not parse", "--extra-args",
        "--custom-loss-function-path userfns_broken:loss", setup="custom_fns_broken"),
+    _r("recipe multi-node prepare() download fails", "could not download prompt set", script=MULTINODE,
+       setup="failing_curl", env=FAILING_CURL, dry=False),
     # these reach the train ranks / reward workers: a real tiny run of one rollout each (~40 s)
     _r("recipe custom loss returns a float", "(loss, metrics)", "--num-rollout", "1", "--extra-args",
        "--custom-loss-function-path userfns:loss_float", setup="custom_fns", dry=False, fast=False, timeout=240.0),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -86,12 +87,31 @@ def case_from_dict(entry: dict) -> Case:
     )
 
 
+SUITE_FILE_FIX = ('fix: give a JSON list of cases, each {"name": ..., "gpus": N, "est_time": SECONDS} '
+                  '(docs/ci.md), or drop --suite-json to collect the harness\'s cases')
+
+
 def load_cases(path: Path) -> list[Case]:
-    entries = json.loads(Path(path).read_text())
-    cases = [case_from_dict(e) for e in entries]
+    """The cases of a suite file; CollectError (one line with its fix) for one that cannot be used."""
+    try:
+        entries = json.loads(Path(path).read_text())
+    except OSError as err:
+        raise CollectError(f"cannot read it ({err.strerror or err}); {SUITE_FILE_FIX}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise CollectError(f"not JSON ({err}); {SUITE_FILE_FIX}") from None
+    if not isinstance(entries, list):
+        raise CollectError(f"holds a JSON {type(entries).__name__}, not a list; {SUITE_FILE_FIX}")
+    cases = []
+    for i, entry in enumerate(entries):
+        try:
+            cases.append(case_from_dict(entry))
+        except (AttributeError, KeyError, TypeError, ValueError) as err:
+            why = f"no {err}" if isinstance(err, KeyError) else f"{type(err).__name__}: {err}"
+            raise CollectError(f"entry {i} is not a case ({why}); {SUITE_FILE_FIX}") from None
     duplicates = sorted({c.name for c in cases if [d.name for d in cases].count(c.name) > 1})
     if duplicates:
-        raise CollectError(f"case names must be unique, repeated: {', '.join(duplicates)}")
+        raise CollectError(f"case names must be unique, repeated: {', '.join(duplicates)}; fix: rename or drop the "
+                           f"repeated entries")
     return cases
 
 
@@ -106,10 +126,18 @@ def collect_cases(tests_path: str, workdir: Path) -> list[Case]:
                "-p", "no:cacheprovider", "--miles-rehearsal", "--miles-cases-json", str(out)]
         proc = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True)
         if proc.returncode not in (0, 1) or not out.exists():
-            tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-30:])
-            raise CollectError(f"collecting cases failed (exit {proc.returncode}): "
-                               f"{' '.join(cmd)}\n{tail}")
+            raise CollectError(_collect_failed(proc, tests_path))
         return load_cases(out)
+
+
+def _collect_failed(proc: subprocess.CompletedProcess, tests_path: str) -> str:
+    """One line: pytest's last line, its whole output kept in a log file the line names."""
+    with tempfile.NamedTemporaryFile("w", prefix="miles-ci-collect-", suffix=".log", delete=False) as log:
+        log.write(f"$ {shlex.join(proc.args)}\n{proc.stdout}{proc.stderr}")
+    lines = [line.strip() for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
+    return (f"collecting the cases under {tests_path} failed (pytest exit {proc.returncode}: "
+            f"{lines[-1] if lines else 'no output'}); fix: the collection error in {log.name} (pytest's whole "
+            f"output), or point --tests at the harness's cases")
 
 
 @dataclass

@@ -53,8 +53,16 @@ def count(least: int):
     return parse
 
 
+class OneLineErrorParser(argparse.ArgumentParser):
+    """A bad flag or value: one `error:` line with its fix on stderr, exit 2 (no usage block)."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(USAGE_ERROR, f"error: {message}; fix: give that flag a value it takes, or drop it "
+                               f"(python3 ci/run_suite.py --help lists the flags and their values)\n")
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = OneLineErrorParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--suite", help="run the cases whose suites include NAME")
     p.add_argument("--tier", action="append", default=[], choices=["dry", "cpu", "gpu"],
                    help="keep only these tiers (repeatable)")
@@ -135,13 +143,13 @@ def share_spec(args: argparse.Namespace) -> ShareSpec | None:
     """None without --gpu-shares; raises ValueError naming the flag when it cannot be used."""
     if args.gpu_shares == 1:
         if args.gpu_memory_gib is not None:
-            raise ValueError("--gpu-memory-gib sizes the shares of --gpu-shares: give --gpu-shares K too, "
-                             "or drop it")
+            raise ValueError("--gpu-memory-gib sizes the shares of --gpu-shares; fix: give --gpu-shares K too, "
+                             "or drop --gpu-memory-gib")
         return None
     device_gib = args.gpu_memory_gib or nvml_gpu_memory_gib()
     if device_gib is None:
-        raise ValueError("--gpu-shares needs the GPU's memory and NVML has none here: "
-                         "give --gpu-memory-gib")
+        raise ValueError("--gpu-shares needs the GPU's memory and NVML has none here; fix: give "
+                         "--gpu-memory-gib G (one GPU's memory in GiB)")
     return ShareSpec(args.gpu_shares, device_gib)
 
 
@@ -210,8 +218,8 @@ def run(args: argparse.Namespace, cases: list[Case], plan: Plan, labels: list[st
     the JUnit file, the summary and the gate's history: the same for both."""
     not_runnable = [c.name for c in cases if not c.runnable]
     if not_runnable:
-        print(f"cannot run cases without a nodeid or command (synthetic?): {', '.join(not_runnable)}",
-              file=sys.stderr)
+        print(f"error: cases without a nodeid or command cannot run (synthetic?): {', '.join(not_runnable)}; fix: "
+              f"give each a \"nodeid\" or a \"command\" in --suite-json, or only plan them (--plan)", file=sys.stderr)
         return USAGE_ERROR
     suite = args.suite or (args.suite_json.stem if args.suite_json else "all")
     out = (args.out or default_out(suite)).resolve()
@@ -318,9 +326,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         cases = gather_cases(args)
-    except (CollectError, OSError, ValueError) as err:
+    except CollectError as err:  # its message carries its fix
         where = f"--suite-json {args.suite_json}: " if args.suite_json else ""
         print(f"error: {where}{err}", file=sys.stderr)
+        return USAGE_ERROR
+    except OSError as err:  # pytest could not be started where --workdir says
+        print(f"error: collecting the cases under --workdir {args.workdir}: {err.strerror or err}; fix: give "
+              f"--workdir the repository's path", file=sys.stderr)
         return USAGE_ERROR
     if not cases:
         chosen = " ".join([f"--suite {args.suite}"] * bool(args.suite) + [f"--case {c}" for c in args.cases]
@@ -330,13 +342,14 @@ def main(argv: list[str] | None = None) -> int:
         return USAGE_ERROR
     unset = [name for name in args.case_env if name not in os.environ]
     if unset:
-        print(f"--case-env {unset[0]}: {unset[0]} is not set here (set it, or drop the flag)", file=sys.stderr)
+        print(f"error: --case-env {unset[0]}: {unset[0]} is not set here; fix: export {unset[0]} first, or drop "
+              f"--case-env {unset[0]}", file=sys.stderr)
         return USAGE_ERROR
     try:
         spec = share_spec(args)
         cases = on_shares(cases, spec) if spec else cases
     except ValueError as err:
-        print(err, file=sys.stderr)
+        print(f"error: {err}", file=sys.stderr)
         return USAGE_ERROR
     if args.ray_address and args.plan:
         if args.gpus is None:
@@ -356,8 +369,8 @@ def main(argv: list[str] | None = None) -> int:
     labels = visible_gpu_labels(args.gpus)
     if spec:
         if len(labels) != 1:
-            print(f"--gpu-shares splits one GPU; this node's pool has {len(labels)} "
-                  "(set CUDA_VISIBLE_DEVICES or --gpus 1)", file=sys.stderr)
+            print(f"error: --gpu-shares splits one GPU and this node's pool has {len(labels)}; fix: give --gpus 1 "
+                  f"or set CUDA_VISIBLE_DEVICES to one GPU", file=sys.stderr)
             return USAGE_ERROR
         labels = share_labels(labels, spec.shares)
     plan = plan_and_show(args, cases, labels)

@@ -13,10 +13,21 @@ from typing import Any
 
 from miles.rollout.rm_hub.registry import resolve, reward_name
 from miles.rollout.rm_hub.types import RewardError, RewardFn, RewardSample
+from miles.utils.reward_names import BUILTIN_REWARDS
+
+# what a reward must return, as the custom loss's errors state theirs (miles.utils.dotted_path)
+MUST_RETURN = "one score per sample, in order: a list of floats (`async def rm(args, samples) -> list[float]`)"
 
 
 def describe(index: int, sample: RewardSample) -> str:
     return f"sample {index} (prompt {sample.prompt!r})"
+
+
+def who(args: Any, name: str) -> str:
+    """The reward as the user gave it: `--custom-rm-path pkg.mod:fn`, or the built-in's or metadata's name."""
+    if name == getattr(args, "custom_rm_path", None):
+        return f"--custom-rm-path {name}"
+    return f"reward {name!r}" if name in BUILTIN_REWARDS else f"reward {name!r} (a prompt's metadata rm_type)"
 
 
 async def _call(fn: RewardFn, args: Any, samples: list[RewardSample]) -> Any:
@@ -26,18 +37,20 @@ async def _call(fn: RewardFn, args: Any, samples: list[RewardSample]) -> Any:
 
 def _to_float(value: Any, reward_key: str | None, name: str, where: str) -> float:
     if isinstance(value, dict):
+        keys = ", ".join(map(str, value))
         if reward_key is None:
-            raise RewardError(f"reward {name!r} returned a dict for {where}; pick a key with --reward-key "
-                              f"(keys: {', '.join(map(str, value))})")
+            raise RewardError(f"{name} returned a dict for {where}; fix: pick its score with --reward-key "
+                              f"(keys: {keys})")
         if reward_key not in value:
-            raise RewardError(f"reward {name!r} returned no key {reward_key!r} (--reward-key) for {where}")
+            raise RewardError(f"{name} returned no key {reward_key!r} (--reward-key) for {where}; fix: --reward-key "
+                              f"one of {keys}")
         value = value[reward_key]
     try:
         number = float(value)
     except (TypeError, ValueError):
-        raise RewardError(f"reward {name!r} returned {value!r}, not a number, for {where}") from None
+        raise RewardError(f"{name} returned {value!r}, not a number, for {where}; fix: return {MUST_RETURN}") from None
     if not math.isfinite(number):
-        raise RewardError(f"reward {name!r} returned {number} for {where}")
+        raise RewardError(f"{name} returned {number} for {where}; fix: return a finite score for every sample")
     return number
 
 
@@ -54,26 +67,28 @@ async def _find_culprit(fn: RewardFn, args: Any, samples: list[RewardSample], in
 async def _run_group(args: Any, name: str, samples: list[RewardSample], indices: list[int]) -> list[float]:
     fn = resolve(name)
     timeout = getattr(args, "reward_timeout", None)
+    name = who(args, name)
     try:
         values = await asyncio.wait_for(_call(fn, args, samples), timeout)
     except RewardError:
         raise
     except asyncio.TimeoutError:
-        raise RewardError(f"reward {name!r} timed out after {timeout}s on samples {indices[0]}..{indices[-1]} "
-                          f"(first prompt {samples[0].prompt!r}); see --reward-timeout") from None
+        raise RewardError(f"{name} timed out after {timeout}s on samples {indices[0]}..{indices[-1]} "
+                          f"(first prompt {samples[0].prompt!r}); fix: a larger --reward-timeout, or a faster "
+                          f"reward") from None
     except Exception as err:
         culprit = indices[0] if len(samples) == 1 else await _find_culprit(fn, args, samples, indices)
         where = (describe(culprit, samples[indices.index(culprit)]) if culprit is not None
                  else f"samples {indices[0]}..{indices[-1]} (first prompt {samples[0].prompt!r})")
-        raise RewardError(f"reward {name!r} raised {type(err).__name__}: {err} on {where}") from err
+        raise RewardError(f"{name} raised {type(err).__name__}: {err} on {where}; fix: that function, which "
+                          f"must return {MUST_RETURN}") from err
+    span = f"samples {indices[0]}..{indices[-1]}, first: {describe(indices[0], samples[0])}"
     if isinstance(values, (str, bytes, dict)) or not hasattr(values, "__len__"):
-        raise RewardError(f"reward {name!r} returned a {type(values).__name__}, not a list of {len(samples)} values "
-                          f"(samples {indices[0]}..{indices[-1]}, first: {describe(indices[0], samples[0])})")
+        raise RewardError(f"{name} returned a {type(values).__name__} ({span}); fix: return {MUST_RETURN}")
     values = list(values)
     if len(values) != len(samples):
-        got = len(values)
-        raise RewardError(f"reward {name!r} returned {got} values for {len(samples)} samples "
-                          f"(samples {indices[0]}..{indices[-1]}, first: {describe(indices[0], samples[0])})")
+        raise RewardError(f"{name} returned {len(values)} values for {len(samples)} samples ({span}); fix: return "
+                          f"{MUST_RETURN}")
     reward_key = getattr(args, "reward_key", None)
     return [_to_float(v, reward_key, name, describe(i, s)) for v, i, s in zip(values, indices, samples)]
 

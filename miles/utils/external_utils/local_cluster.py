@@ -136,8 +136,10 @@ def warn_open_files_once(needed: int) -> int:
 def _run_in_own_session(command: str, env: Mapping[str, str], log_path: Path, record: LaunchRecord,
                         output_dir: str | Path) -> None:
     """`ray start` as a session leader, the session recorded before it starts anything: its
-    daemons stay members of that session, which is how cleanup finds them all (processes.py)."""
-    print_exec(command)
+    daemons stay members of that session, which is how cleanup finds them all (processes.py). The
+    command (ports, temp dir: ~500 characters, no secret) is shown cut, whole in `<role>_command.txt`
+    beside the log."""
+    print_exec(command, log_path.with_name(f"{record.role}_command.txt"))
     log_path.parent.mkdir(parents=True, exist_ok=True)
 
     def recorded(session: int) -> None:

@@ -25,7 +25,7 @@ from miles.utils.external_utils import train_launch
 from miles.utils.external_utils.config import REPO_ROOT, ExecuteTrainConfig
 from miles.utils.external_utils.processes import exec_command as _exec_command
 from miles.utils.external_utils.recipe_assets import ensure_released_or_exit
-from miles.utils.external_utils.released_assets import HubAsset, ensure_hub_asset, is_offline
+from miles.utils.external_utils.released_assets import HubAsset, download_failed, ensure_hub_asset, is_offline
 from miles.utils.external_utils.train_job import get_default_wandb_args as wandb_flags
 from miles.utils.typer_utils import parse_bool_word
 
@@ -96,7 +96,15 @@ def hf_download_dataset(full_name: str, include: str | None = None, data_dir: st
         print(f"error: dataset {full_name} is not in {local_dir} and HF_HUB_OFFLINE=1 forbids fetching it; "
               f"fetch it once online with: {command}", file=sys.stderr, flush=True)
         raise SystemExit(2)
-    _exec_command(command)
+    try:
+        _exec_command(command)
+    except subprocess.CalledProcessError as err:
+        why = "check this host's network and the dataset id; a private or gated dataset needs HF_TOKEN"
+        failed = download_failed(f"dataset {full_name}@{revision}", f"`{command}` exited {err.returncode}", why,
+                                 f"run that command on a machine that is online and copy {local_dir} to the same "
+                                 f"path here")
+        print(f"error: {failed}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
     return str(local_dir)
 
 

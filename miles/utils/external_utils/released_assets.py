@@ -205,6 +205,18 @@ def _missing(what: str, where: Path, command: str, gated: str | None = None) -> 
     )
 
 
+# curl's exit statuses a failed prompt download most often ends with (curl(1), EXIT CODES)
+_CURL_EXITS = {6: "could not resolve the host", 7: "could not connect", 22: "the server answered with an HTTP error",
+               28: "timed out", 35: "TLS handshake failed", 56: "the connection broke off"}
+
+
+def download_failed(what: str, failed: str, check: str, seed: str) -> AssetMissingError:
+    """One line for a fetch that exited non-zero: what, how it failed, and the two fixes (the network
+    or account, or the file put in place by hand, where the next launch looks before it fetches)."""
+    return AssetMissingError(f"could not download {what}: {failed}; fix: {check}, or pre-seed it: {seed} (the launch "
+                             f"then uses it from there and fetches nothing)")
+
+
 # ---- fetching ----
 
 def ensure_hub_asset(asset: HubAsset, include: str | None = None) -> str:
@@ -225,8 +237,10 @@ def ensure_hub_asset(asset: HubAsset, include: str | None = None) -> str:
     try:
         exec_command(command)
     except subprocess.CalledProcessError as err:
-        raise AssetMissingError(f"`{command}` failed (exit {err.returncode})" + (f"; {gated}" if gated else
-                                "; check the repository id and the network")) from None
+        why = "check this host's network and the repository id; " + (gated or f"a private repository needs {TOKEN_ENV}")
+        raise download_failed(f"{asset.repo_id}@{asset.revision}", f"`{command}` exited {err.returncode}", why,
+                              f"run that command on a machine that is online and copy {cache / asset.cache_folder} "
+                              f"to the same path here") from None
     if is_dry_run():
         return str(cache / asset.cache_folder / "snapshots" / asset.revision)
     found = cached_snapshot(asset, cache)
@@ -257,7 +271,13 @@ def ensure_prompt_file(item: PromptFile) -> Path:
     command = prompt_fetch_command(item, dest)
     if is_offline():
         raise _missing(f"prompt set {item.name} ({item.repo}@{item.commit[:12]}:{item.path})", dest, command)
-    exec_command(command)
+    try:
+        exec_command(command)
+    except subprocess.CalledProcessError as err:
+        meaning = f" ({_CURL_EXITS[err.returncode]})" if err.returncode in _CURL_EXITS else ""
+        raise download_failed(f"prompt set {item.name} ({item.url})", f"curl exited {err.returncode}{meaning}",
+                              "check this host's network (DNS; a proxy through https_proxy)",
+                              f"download that URL on a machine that is online and put the file at {dest}") from None
     return dest
 
 

@@ -4,6 +4,7 @@ import json
 import os
 import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -211,3 +212,44 @@ def test_a_cancelled_run_ends_its_cases_and_still_reports(workdir):
     assert "interrupted: the suite run was cancelled" in summary
     assert "not started: the suite run was cancelled" in summary
     assert not any(alive(int(pid)) for pid in pid_file.read_text().split())
+
+
+SUITE = [{"name": "x", "gpus": 1, "est_time": 10}]
+# bad input -> (suite file text or None, the rest of argv); {tmp} is the test's folder
+BAD_INPUTS = {
+    "--suite-json missing": (None, ["--suite-json", "{tmp}/none.json", "--plan"]),
+    "--suite-json not JSON": ("nope", ["--plan"]),
+    "--suite-json a dict": ('{"name": "x"}', ["--plan"]),
+    "--suite-json an entry without a name": ('[{"gpus": 1}]', ["--plan"]),
+    "--suite-json a repeated name": (json.dumps(SUITE * 2), ["--plan"]),
+    "--gpus 0": (json.dumps(SUITE), ["--gpus", "0", "--plan"]),
+    "an unknown flag": (json.dumps(SUITE), ["--no-such-flag"]),
+    "--tier bogus": (json.dumps(SUITE), ["--tier", "bogus"]),
+    "--case-env unset": (json.dumps(SUITE), ["--case-env", "MILES_TEST_SURELY_UNSET", "--plan"]),
+    "--gpu-memory-gib without --gpu-shares": (json.dumps(SUITE), ["--gpu-memory-gib", "80", "--plan"]),
+    "--gpu-shares over two GPUs": (json.dumps(SUITE), ["--gpu-shares", "2", "--gpu-memory-gib", "80", "--gpus", "2",
+                                                       "--plan"]),
+    "--plan --ray-address without --gpus": (json.dumps(SUITE), ["--ray-address", "127.0.0.1:2", "--plan"]),
+    "a synthetic case run": (json.dumps(SUITE), ["--gpus", "1", "--out", "{tmp}/out"]),
+    "--tests where no harness is": (None, ["--tests", "{tmp}/no-tests", "--plan"]),
+}
+
+
+@pytest.mark.parametrize("name", BAD_INPUTS)
+def test_every_bad_input_ends_in_one_error_line_with_its_fix(name, tmp_path, capsys, monkeypatch):
+    """Exit 2 and stderr one `error: ...; fix: ...` line (no usage block, no traceback)."""
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.delenv("MILES_TEST_SURELY_UNSET", raising=False)
+    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")  # a collection that fails, fails the same, faster
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where a failed collection's whole output goes
+    text, argv = BAD_INPUTS[name]
+    if text is not None:
+        (tmp_path / "suite.json").write_text(text)
+        argv = ["--suite-json", str(tmp_path / "suite.json"), *argv]
+    try:
+        code = run_suite.main([a.format(tmp=tmp_path) for a in argv])
+    except SystemExit as exit_:  # argparse's own refusals
+        code = exit_.code
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(lines) == 1, lines
+    assert lines[0].startswith("error: ") and "; fix: " in lines[0], lines[0]

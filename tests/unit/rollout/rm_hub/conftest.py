@@ -23,6 +23,9 @@ async def prompt_length(args, samples):
 
 def sync_constant(args, samples):
     return [0.25 for _ in samples]
+
+async def returns_float(args, samples):
+    return 0.5
 '''
 
 

@@ -25,7 +25,7 @@ def test_score_command_reports_a_failing_custom_reward(tmp_path, capsys, custom_
     code = main(["--custom-rm-path", f"{custom_module}:raises", "--prompt", "a bad sign", "--image", str(tmp_path / "x.png")])
     err = capsys.readouterr().err
     assert code == 1
-    assert "'my_rewards:raises' raised ValueError" in err and "sample 0 (prompt 'a bad sign')" in err
+    assert "--custom-rm-path my_rewards:raises raised ValueError" in err and "sample 0 (prompt 'a bad sign')" in err
 
 
 def test_score_command_refuses_a_misspelt_rm_type_at_parse_time_in_one_line(tmp_path):

@@ -29,19 +29,29 @@ def test_custom_reward_is_used_when_no_rm_type(custom_module, make_args):
 
 def test_custom_reward_that_raises_names_reward_and_failing_sample(custom_module, make_args):
     args = make_args(custom_rm_path=f"{custom_module}:raises")
-    with pytest.raises(RewardError, match=r"'my_rewards:raises' raised ValueError: cannot read this one "
-                                          r"on sample 12 \(prompt 'a bad one'\)"):
+    with pytest.raises(RewardError, match=r"--custom-rm-path my_rewards:raises raised ValueError: cannot "
+                                          r"read this one on sample 12 \(prompt 'a bad one'\); fix: that function"):
         _score(args, _samples("fine", "a bad one", "fine"), first_index=11)
 
 
 def test_nan_reward_names_reward_and_sample(custom_module, make_args):
-    with pytest.raises(RewardError, match=r"'my_rewards:returns_nan' returned nan for sample 2 \(prompt 'bad'\)"):
+    with pytest.raises(RewardError, match=r"my_rewards:returns_nan returned nan for sample 2 \(prompt 'bad'\); fix: "):
         _score(make_args(custom_rm_path=f"{custom_module}:returns_nan"), _samples("a", "b", "bad"))
 
 
 def test_wrong_number_of_values_names_reward_and_samples(custom_module, make_args):
-    with pytest.raises(RewardError, match=r"'my_rewards:too_few' returned 2 values for 3 samples.*prompt 'a'"):
+    with pytest.raises(RewardError, match=r"my_rewards:too_few returned 2 values for 3 samples.*prompt 'a'.*; fix: return one score per "):
         _score(make_args(custom_rm_path=f"{custom_module}:too_few"), _samples("a", "b", "c"))
+
+
+def test_a_custom_reward_returning_a_float_names_the_flag_the_path_and_what_it_must_return(custom_module,
+                                                                                           make_args):
+    """The custom loss's form (miles.utils.dotted_path): `<flag> <path> returned a <type>; fix: return ...`."""
+    with pytest.raises(RewardError) as refused:
+        _score(make_args(custom_rm_path=f"{custom_module}:returns_float"), _samples("a", "b"))
+    assert str(refused.value) == (
+        "--custom-rm-path my_rewards:returns_float returned a float (samples 0..1, first: sample 0 (prompt 'a')); "
+        "fix: return one score per sample, in order: a list of floats (`async def rm(args, samples) -> list[float]`)")
 
 
 def test_reward_key_selects_from_dict_results(custom_module, make_args):
@@ -64,5 +74,5 @@ def test_timeout_names_the_reward(tmp_path, monkeypatch, make_args):
     (tmp_path / "slow_rm.py").write_text("import asyncio\nasync def rm(args, samples):\n"
                                          "    await asyncio.sleep(5)\n    return [0.0] * len(samples)\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    with pytest.raises(RewardError, match=r"'slow_rm:rm' timed out after 0.05s"):
+    with pytest.raises(RewardError, match=r"--custom-rm-path slow_rm:rm timed out after 0.05s.*fix: "):
         _score(make_args(custom_rm_path="slow_rm:rm", reward_timeout=0.05), _samples("a"))

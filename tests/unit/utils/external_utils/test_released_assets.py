@@ -288,3 +288,53 @@ def test_a_prepare_step_that_launches_nothing_still_fetches_as_it_ends(tmp_path)
     result = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "fetched").read_text() == "x"
+
+
+# stand-ins that fail as the real tools do offline: their own one line on stderr, a non-zero status
+FAILING = {"curl": "echo 'curl: (6) Could not resolve host: raw.githubusercontent.com' >&2; exit 6",
+           "hf": "echo 'hf: error: cannot reach huggingface.co' >&2; exit 1"}
+
+
+def launch_multinode_with_failing_tool(tmp_path: Path, tool: str) -> subprocess.CompletedProcess:
+    """The 17-GPU multi-node recipe's `train` role as a user runs it on the head (not dry, its default
+    --scale full, a routable MASTER_ADDR), with `tool` failing on PATH; it must stop in its downloads."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / tool).write_text(f"#!/bin/bash\n{FAILING[tool]}\n")
+    (bin_dir / tool).chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MILES_SCRIPT_", "HF_", "WANDB_", "RAY_"))}
+    env.update({"PATH": f"{bin_dir}:{env['PATH']}", "HF_HOME": str(tmp_path / "hf-home"), "MASTER_ADDR": "192.0.2.10",
+                "MILES_SCRIPT_ENABLE_RAY_SUBMIT": "1"})
+    return subprocess.run([sys.executable, str(REPO / "scripts/run_diffusion_grpo_wan22_pickscore_17gpu_multinode.py"),
+                           "--output-dir", str(tmp_path / "out"), "--model-dir", str(tmp_path / "models"),
+                           "--data-dir", str(tmp_path / "data")], env=env, capture_output=True, text=True, timeout=60)
+
+
+def ends_in_one_download_line(result: subprocess.CompletedProcess, tool: str) -> str:
+    """Exit 2; stderr is the tool's own line and then ours, the last; no traceback; nothing planned."""
+    assert "Traceback" not in result.stdout + result.stderr, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 2 and lines[0].startswith(f"{tool}: "), result.stderr
+    assert lines[1].startswith("error: could not download ") and "; fix: " in lines[1]
+    return lines[1]
+
+
+def test_a_multinode_launch_whose_prompt_download_fails_ends_in_one_line_with_the_url_status_and_fix(tmp_path):
+    line = ends_in_one_download_line(launch_multinode_with_failing_tool(tmp_path, "curl"), "curl")
+    train = R.PROMPT_SETS["pickscore"][0]
+    assert line.startswith(f"error: could not download prompt set {train.name} ({train.url}): curl exited 6 (could "
+                           f"not resolve the host); fix: check this host's network")
+    seed_at = tmp_path / "hf-home" / "miles-prompts" / "yifan123--flow_grpo" / train.commit / train.path
+    assert f"put the file at {seed_at} (the launch then uses it from there" in line
+    assert not list((tmp_path / "out").glob("*/plan.json"))  # stopped before the launch was planned
+
+
+def test_a_multinode_launch_whose_checkpoint_download_fails_names_the_repo_status_token_and_cache(tmp_path):
+    for item in R.PROMPT_SETS["pickscore"]:  # the prompt sets pre-seeded, as the first line advises
+        seeded = tmp_path / "hf-home" / "miles-prompts" / item.repo.replace("/", "--") / item.commit / item.path
+        seeded.parent.mkdir(parents=True, exist_ok=True)
+        seeded.write_text("a prompt\n")
+    line = ends_in_one_download_line(launch_multinode_with_failing_tool(tmp_path, "hf"), "hf")
+    asset = R.RELEASED_CHECKPOINTS["Wan2.2-T2V-A14B-Diffusers"]
+    assert f"could not download {asset.repo_id}@main: `hf download {asset.repo_id}" in line and "exited 1" in line
+    assert "HF_TOKEN" in line and f"copy {tmp_path / 'hf-home' / 'hub' / asset.cache_folder} to the same path" in line
