@@ -9,10 +9,10 @@ import sys
 from argparse import Namespace
 from typing import Sequence
 
-from miles.utils.arguments import parse_command_line
-from miles.utils.batching import BatchPlan
-from miles.utils.memory_plan import build_memory_plan
-from miles.utils import phases
+from miles.flags.arguments import parse_command_line
+from miles.flags.batching import BatchPlan
+from miles.plan.memory_plan import build_memory_plan
+from miles.records import phases
 from miles.utils.numerics import pin_this_process, unpin_this_process
 
 
@@ -37,14 +37,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def refuse_bad_files(args: Namespace) -> None:
-    """The launcher's preflight (miles.utils.external_utils.preflight: files, directories, the
+    """The launcher's preflight (miles.launcher.preflight: files, directories, the
     checkpoint, custom functions, LoRA targets), so a direct run refuses what a recipe would, in one
     line and before Ray starts. --validate-only checks them as a recipe's dry run does: what exists
     is checked in full; a checkpoint or prompt file not there yet is named, and left to the run."""
     import os
     from pathlib import Path
 
-    from miles.utils.external_utils import preflight
+    from miles.launcher import preflight
 
     host = preflight.HostFacts(num_nodes=args.num_nodes or 1, cuda_visible_devices="", dry_run=args.validate_only,
                                import_paths=tuple(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p))
@@ -159,8 +159,8 @@ def _train_placed(args: Namespace, plan: BatchPlan, placement, pg, runtime_env, 
     import torch
 
     from miles.ray import faults, parity_drift
-    from miles.utils import checkpoint_identity as identity
-    from miles.utils.run_logging import MetricsLogger, Progress, init_wandb, log, plot_curves, save_image_grid, write_run_json
+    from miles.records import checkpoint_identity as identity
+    from miles.records.run_logging import MetricsLogger, Progress, init_wandb, log, plot_curves, save_image_grid, write_run_json
     from miles.backends.sft import SFTSource
     from miles.ray.rollout_manager import RolloutManager
     from miles.ray.checkpoint_saver import CheckpointSaver
@@ -254,9 +254,9 @@ def _train_placed(args: Namespace, plan: BatchPlan, placement, pg, runtime_env, 
 def refuse_foreign_checkpoints(args: Namespace):
     """A run never writes beside another run's checkpoints, never overwrites its own without being
     asked to resume them, and loads only a checkpoint trained with its training flags and data
-    order (miles.utils.checkpoint_identity; the launcher's preflight runs the same checks)."""
-    from miles.utils import checkpoint_identity as identity
-    from miles.utils.run_logging import log
+    order (miles.records.checkpoint_identity; the launcher's preflight runs the same checks)."""
+    from miles.records import checkpoint_identity as identity
+    from miles.records.run_logging import log
 
     loading = identity.check_run_checkpoints(args)
     if loading.differences:

@@ -30,7 +30,7 @@ def measure(size: int, checkpointing: bool, device: str) -> dict:
     from dtype_helpers import one_rollout, tiny_args
 
     from miles.backends.actor import TrainRank
-    from miles.utils.batching import Pair
+    from miles.flags.batching import Pair
 
     run_dir = tempfile.mkdtemp()
     extra = f"--diffusion-height {size} --diffusion-width {size} --device {device}"

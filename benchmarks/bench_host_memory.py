@@ -19,7 +19,7 @@ every Ray worker process under it, named by its actor class, read every 0.1 s un
 
 Extrapolation (every full-scale recipe, from its dry run's flags): bytes per rollout = the measured
 per-sample bytes x the recipe's samples; the before figures scale each sample by the ratio of its
-whole path and decoded video at the recipe's size to the proxy's (miles.utils.host_plan.sample_bytes;
+whole path and decoded video at the recipe's size to the proxy's (miles.plan.host_plan.sample_bytes;
 the conditioning, a small share at either size, left out of the ratio);
 host memory per node and per process from the replay (`python3 -m miles.replay`, extrapolated depth).
 """
@@ -310,9 +310,9 @@ def _mib(values: list[int]) -> str:
 def extrapolate(per_sample: dict[str, float], replay: bool) -> None:
     from miles.replay.doc_table import cases
     from miles.replay.recipe import recipe_flags
-    from miles.utils.host_plan import THUMBNAIL_BYTES, sample_bytes
-    from miles.utils.arguments import parse_and_plan
-    from miles.utils.model_facts import GEOMETRY
+    from miles.plan.host_plan import THUMBNAIL_BYTES, sample_bytes
+    from miles.flags.arguments import parse_and_plan
+    from miles.plan.model_facts import GEOMETRY
 
     import diffusers
 

@@ -43,8 +43,8 @@ def main() -> None:
     import torch
     from diffusers import SD3Transformer2DModel
 
-    from miles.utils.arguments import parse_and_plan
-    from miles.utils.memory_plan import GIB, GEOMETRY, _text_tokens, _tokens, _train_rank, model_facts
+    from miles.flags.arguments import parse_and_plan
+    from miles.plan.memory_plan import GIB, GEOMETRY, _text_tokens, _tokens, _train_rank, model_facts
 
     torch.manual_seed(0)
     torch.set_num_threads(1)

@@ -45,7 +45,7 @@ def child(mode: str, workdir: Path) -> None:
     from bench_trainer import PlainLoop, make_batch
     from miles.proxy_assets.checkpoint import ensure_checkpoint
     from miles.proxy_assets.prompts import ensure_prompt_file
-    from miles.utils.arguments import parse_and_plan
+    from miles.flags.arguments import parse_and_plan
 
     checkpoint = ensure_checkpoint("sd3", "tiny", 0, workdir)
     prompts = ensure_prompt_file("tiny", workdir / "prompts.jsonl", num_prompts=16)

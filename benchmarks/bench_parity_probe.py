@@ -39,7 +39,7 @@ def main() -> None:
     from miles.models.runtime import CPU_THREADS_PER_ACTOR, configure_torch
     from miles.proxy_assets.checkpoint import ensure_checkpoint
     from miles.proxy_assets.prompts import ensure_prompt_file
-    from miles.utils.arguments import parse_and_plan
+    from miles.flags.arguments import parse_and_plan
 
     configure_torch(False, CPU_THREADS_PER_ACTOR)
     work = Path(opts.workdir or tempfile.mkdtemp(prefix="bench_parity_probe_"))

@@ -15,7 +15,7 @@ where a short main job's wall time goes, measured in one run.
 2. The train step, Ray / plain: `benchmarks/bench_trainer.py`'s measurement (`--rounds`).
 3. The tiny recipe's main job with 5 rollouts, run as users run it: the share of its wall time in
    start-up (recipe process start to the first rollout), the training loop and shutdown (loop end
-   to the cluster's teardown), from the phase marks the run writes (miles/utils/phases.py), with
+   to the cluster's teardown), from the phase marks the run writes (miles/records/phases.py), with
    the biggest start-up phases listed.
 The load average is printed before and after: compare runs made under similar load.
 """
@@ -134,7 +134,7 @@ def measure_sampling(label: str, checkpoint: Path, pairs: int) -> list[str]:
 
 def measure_main_job(work: Path, num_rollout: int) -> list[str]:
     """The tiny recipe with `num_rollout` rollouts, as a user runs it; its phase marks read back."""
-    from miles.utils import phases
+    from miles.records import phases
 
     marks_file = work / "job_phases.jsonl"
     marks_file.unlink(missing_ok=True)
@@ -152,7 +152,7 @@ def measure_main_job(work: Path, num_rollout: int) -> list[str]:
 
 
 def job_shares(marks: list[dict], wall: float, num_rollout: int) -> list[str]:
-    from miles.utils.phases import breakdown
+    from miles.records.phases import breakdown
 
     first = lambda name: next((m["t"] for m in marks if m["phase"] == name), None)  # noqa: E731
     begin = first("recipe_process_start")
@@ -168,7 +168,7 @@ def job_shares(marks: list[dict], wall: float, num_rollout: int) -> list[str]:
              ("shutdown (loop end to the cluster's teardown)", end - loop_end)]
     lines = [f"main job: {total:.1f}s from the recipe process's start to the last mark ({wall:.1f}s wall)"]
     lines += [f"  {label:55s} {seconds:6.1f}s  {100 * seconds / total:5.1f} %" for label, seconds in parts]
-    lines.append("  phases (miles.utils.phases.breakdown):")
+    lines.append("  phases (miles.records.phases.breakdown):")
     lines += [f"    {label:60s} {seconds:6.1f}s" for label, seconds in breakdown(marks)]
     return lines
 

@@ -11,7 +11,7 @@ phase, for this tree and (optionally) an earlier commit, measured in one run.
 For each tree it prints:
 - one CPU-tier case run alone (default: the NFT sd3 proxy, which runs on the shared cluster, and
   the tiny recipe, which starts its own head): wall time and the phases the run marked
-  (miles.utils.phases: recipe start-up, preparation, Ray head start, job submission, driver
+  (miles.records.phases: recipe start-up, preparation, Ray head start, job submission, driver
   imports, actors' start-up and imports, training loop, teardown);
 - the README's test command (`pytest -n 2`): wall time, the sum of unit and e2e test times,
   every real run's phases and their totals over the suite, and the ten slowest unit tests;

@@ -59,9 +59,9 @@ def make_batch(args):
 
 
 def rollout_tiles(plan, batch) -> list[list[tuple[int, int]]]:
-    """The trainer's forwards on one rank, in its order (miles.utils.batching.rank_schedule): a
+    """The trainer's forwards on one rank, in its order (miles.flags.batching.rank_schedule): a
     microgroup's samples at one step; (sample, step) pairs."""
-    from miles.utils.batching import rank_schedule
+    from miles.flags.batching import rank_schedule
 
     return [[(pair.sample, pair.step) for pair in forward]
             for step in rank_schedule(plan, batch.trained_steps, 0) for forward in step]
@@ -199,8 +199,8 @@ def measure(work: Path, rounds: int, processes: int = 3) -> TrainerTimes:
     from miles.proxy_assets.prompts import ensure_prompt_file
     from miles.ray.placement import PlacementPlan, Slot, create_placement_group
     from miles.ray.train_actor_group import TrainActorGroup
-    from miles.utils.arguments import parse_and_plan
-    from miles.utils.external_utils.ray_cluster import WORKER_PRIORITY_ENV
+    from miles.flags.arguments import parse_and_plan
+    from miles.launcher.ray_cluster import WORKER_PRIORITY_ENV
 
     checkpoint = ensure_checkpoint("sd3", "tiny", 0, work)
     prompts = ensure_prompt_file("tiny", work / "prompts.jsonl", num_prompts=16)

@@ -31,7 +31,7 @@ def expert_shapes() -> list[tuple[str, list[int]]]:
     import torch
     from diffusers import WanTransformer3DModel
 
-    from miles.utils.model_table import RELEASED
+    from miles.plan.model_table import RELEASED
 
     config = RELEASED[MODEL]["components"]["transformer"]["config"]
     with torch.device("meta"):

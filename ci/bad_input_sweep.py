@@ -159,7 +159,7 @@ def run_row(row: BadInput, checkpoint: Path, run: Path | None, scratch: Path) ->
 
 
 def tiny_checkpoint(models: Path) -> Path:
-    from miles.utils.external_utils.recipe_assets import ensure_recipe_checkpoint
+    from miles.launcher.recipe_assets import ensure_recipe_checkpoint
 
     return Path(ensure_recipe_checkpoint("sd3", "tiny", str(models)))
 

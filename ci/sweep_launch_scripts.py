@@ -46,7 +46,7 @@ FORWARDED_KEYS = {"GEMINI_API_KEY": "sweep-placeholder"}
 # Runs the script with `execute_train` observed: its train argv goes to $MILES_SWEEP_ARGV_FILE
 OBSERVER = """
 import json, os, runpy, sys
-from miles.utils.external_utils import train_launch
+from miles.launcher import train_launch
 launch = train_launch.execute_train
 def observed(train_args, num_gpus_per_node, config, **options):
     with open(os.environ["MILES_SWEEP_ARGV_FILE"], "w") as out:
@@ -139,8 +139,8 @@ def _outcome(name: str, done: subprocess.CompletedProcess, plan: Path) -> Row:
 
 
 def _classify(row: Row, launch: dict) -> None:
-    from miles.utils.external_utils.flags import split_args
-    from miles.utils.flag_vocabulary import FlagRefused, translate
+    from miles.launcher.flags import split_args
+    from miles.flags.flag_vocabulary import FlagRefused, translate
 
     argv = [*split_args(launch["train_args"]), *split_args(launch["extra_args"])]
     try:
@@ -165,8 +165,8 @@ def refused_name(line: str) -> str:
 
 def _check_printed_command(name: str, stdout: str, repo: Path) -> Row:
     """A script's own dry run printed `python train_X.py ARGS`: checked as the launcher checks it."""
-    from miles.utils.external_utils.launch_checks import TrainScriptError, parse_train_argv, resolve_train_script
-    from miles.utils.flag_vocabulary import FlagRefused, translate
+    from miles.launcher.launch_checks import TrainScriptError, parse_train_argv, resolve_train_script
+    from miles.flags.flag_vocabulary import FlagRefused, translate
 
     words = shlex.split(stdout.strip().splitlines()[-1])
     script, argv = words[1], words[2:]

@@ -37,7 +37,7 @@ Use what it trained: python3 -m miles.export <output-dir>/<run-id> --out DIR (do
 from dataclasses import dataclass
 from typing import Literal, Optional
 
-import miles.utils.external_utils.command_utils as U
+import miles.launcher.recipe_api as U
 
 FAMILY = "ltx2"
 RELEASED_CHECKPOINT = "LTX-2.3"  # under --model-dir (--scale full), beside PickScore_v1

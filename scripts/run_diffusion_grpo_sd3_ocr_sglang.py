@@ -34,7 +34,7 @@ Use what it trained: python3 -m miles.export <output-dir>/<run-id> --out DIR (do
 from dataclasses import dataclass, field
 from typing import Literal, Optional
 
-import miles.utils.external_utils.command_utils as U
+import miles.launcher.recipe_api as U
 
 FAMILY = "sd3"
 # the H100 80GB GPUs this recipe is laid out for; the memory plan checks its estimate against them

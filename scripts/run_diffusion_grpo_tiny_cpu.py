@@ -32,7 +32,7 @@ Use what it trained: python3 -m miles.export <output-dir>/<run-id> --out DIR (do
 from dataclasses import dataclass, field
 from typing import Literal
 
-import miles.utils.external_utils.command_utils as U
+import miles.launcher.recipe_api as U
 
 FAMILY = "sd3"
 NUM_PROMPTS = 64

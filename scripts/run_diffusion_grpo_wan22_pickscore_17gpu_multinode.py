@@ -63,7 +63,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Literal, Optional
 
-import miles.utils.external_utils.command_utils as U
+import miles.launcher.recipe_api as U
 
 FAMILY = "wan2_2"
 # the H200 141GB GPUs this recipe is laid out for; the memory plan checks its estimate against them

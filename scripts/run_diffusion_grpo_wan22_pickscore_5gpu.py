@@ -36,7 +36,7 @@ Use what it trained: python3 -m miles.export <output-dir>/<run-id> --out DIR (do
 from dataclasses import dataclass
 from typing import Literal, Optional
 
-import miles.utils.external_utils.command_utils as U
+import miles.launcher.recipe_api as U
 
 FAMILY = "wan2_2"
 # the H200 141GB GPUs this recipe is laid out for; the memory plan checks its estimate against them

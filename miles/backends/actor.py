@@ -54,12 +54,12 @@ from miles.backends.train_offload import TrainOffload, resident
 from miles.backends.sft import SFTBatch, SFTRankStep
 from miles.backends.types import RolloutBatch, TrainResult
 from miles.backends.weight_sync import WeightUpdate, collect_weight_updates, sync_components, synced_tensors, wire_rule
-from miles.utils import phases
+from miles.records import phases
 from miles.rollout.sampler import expert_phases
 from miles.rollout.sde import largest_sigma_below_one, sde_step_on_host
 from miles.rollout.types import Conditioning, SamplingParams
-from miles.utils.batch_rules import ConfigError, high_noise_step_count
-from miles.utils.batching import Pair, expand_pairs, rank_schedule, shard_pairs
+from miles.flags.batch_rules import ConfigError, high_noise_step_count
+from miles.flags.batching import Pair, expand_pairs, rank_schedule, shard_pairs
 
 def seed_everything(seed: int) -> None:
     random.seed(seed)

@@ -1,7 +1,7 @@
 """Checkpoint layout and crash-safe commit.
 
     <save>/rollout_000004/            one committed checkpoint (rollout 4 finished)
-        trainer.json                  rollout id and the run's identity (miles.utils.checkpoint_identity)
+        trainer.json                  rollout id and the run's identity (miles.records.checkpoint_identity)
         driver.pt                     driver state (data position, ...)
         model_<component>.safetensors trained weights (full, or LoRA pairs only)
         ema_<component>.safetensors   EMA shadow, when --use-ema
@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from miles.utils import checkpoint_identity as identity
+from miles.records import checkpoint_identity as identity
 
 LATEST = identity.LATEST
 

@@ -1,7 +1,7 @@
 """The colocated weight push: a train rank hands its own engines IPC handles of one reused buffer.
 
 With `--colocate` every engine shares a device (and so a host) with train rank `engine % ranks`
-(miles.utils.placement_plan). That rank packs each bucket of the update into one flat buffer on
+(miles.plan.placement_plan). That rank packs each bucket of the update into one flat buffer on
 its device and the engine copies it out of the same memory: CUDA IPC on a GPU, shared memory on
 the CPU. On a GPU the handle is the buffer pickled by torch's reductions (a `cudaIpcMemHandle`);
 on the CPU it names a POSIX shared-memory segment of ours (`Segment`, which says why not torch's).

@@ -1,7 +1,7 @@
 """Each train rank receives only the trajectories its pairs read, and what the engines keep for it.
 
 A rollout's trajectories are most of its bytes; a rank trains only the pairs the batch plan deals
-it (`miles.utils.batching`), so the driver hands each rank a batch in which every other sample is
+it (`miles.flags.batching`), so the driver hands each rank a batch in which every other sample is
 None. Indices stay global: pair `sample` i is still `trajectories[i]`, so the rank's code reads its
 shard as it read the whole batch. Rewards and advantages (a float per sample) travel whole. In a
 run the shard holds references (`RolloutRefs`): the rank fetches its trajectories from where the
@@ -17,7 +17,7 @@ import dataclasses
 from typing import Any, Callable, TypeVar
 
 from miles.backends.types import RolloutBatch, RolloutRefs
-from miles.utils.batching import expand_pairs, rank_schedule, shard_pairs
+from miles.flags.batching import expand_pairs, rank_schedule, shard_pairs
 
 Batch = TypeVar("Batch", RolloutBatch, RolloutRefs)
 

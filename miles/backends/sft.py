@@ -6,7 +6,7 @@ trained timesteps of the step strategy (seeded by `--rollout-seed` and the rollo
 is sampled and nothing is scored; there are no engines to update.
 
 Rank side, `SFTRankStep` trains the pairs (sample, step) that the batch plan deals the rank,
-walked exactly as for RL (`miles.utils.batching.rank_schedule`): for each pair
+walked exactly as for RL (`miles.flags.batching.rank_schedule`): for each pair
     x0 = encode_images(media),  s = sigmas[step],  e ~ N(0, I) (seeded by seed, rollout, pair)
     x_t = (1 - s) x0 + s e,  target = e - x0,  loss = |v(x_t, s, prompt) - target|^2
 with the prompt encoded by the checkpoint's own text encoder and no guidance. The velocity picks
@@ -28,7 +28,7 @@ from miles.backends.sft_data import SFTDataError, SFTDataset, SFTItem, load_pixe
 from miles.backends.types import TrainResult
 from miles.rollout.step_strategy import trained_steps_for_rollout
 from miles.rollout.types import Conditioning
-from miles.utils.batching import Pair, expand_pairs, rank_schedule, shard_pairs
+from miles.flags.batching import Pair, expand_pairs, rank_schedule, shard_pairs
 
 # frozen encoders: a sample's latents and a prompt's conditioning never change, so ranks keep them
 CACHE_LIMIT = 4096

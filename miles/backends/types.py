@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from miles.rollout.types import Trajectory
-from miles.utils.batching import Pair
+from miles.flags.batching import Pair
 
 
 @dataclass

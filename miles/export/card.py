@@ -31,7 +31,7 @@ def base_revision(base: Path) -> str:
 
 def training_flags(source: CheckpointSource) -> dict[str, object]:
     """The run's flags whose values differ from train_diffusion.py's defaults, paths aside."""
-    from miles.utils.arguments import build_parser
+    from miles.flags.arguments import build_parser
 
     defaults = vars(build_parser().parse_known_args(["--hf-checkpoint", "x"])[0])
     chosen = vars(source.train_args)

@@ -20,7 +20,7 @@ from miles.backends.fsdp import MANIFEST, read_manifest
 from miles.backends.lora import LoraSpec, lora_spec_from_args
 from miles.export.errors import ExportError
 from miles.models.registry import detect_family
-from miles.utils.families import get_family_facts
+from miles.diffusion_facts.families import get_family_facts
 
 RUN_RECORD = "run.json"
 STAGING_PREFIX = ".staging_"
@@ -108,7 +108,7 @@ def _train_argv(run_dir: Path | None, asked: Path) -> list[str]:
 
 
 def _parse_train_argv(argv: list[str]) -> argparse.Namespace:
-    from miles.utils.arguments import build_parser
+    from miles.flags.arguments import build_parser
 
     args, _unknown = build_parser().parse_known_args(argv)  # a flag since retired does not block an export
     return args

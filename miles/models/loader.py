@@ -7,7 +7,7 @@ depend on its inputs and on its shapes (a oneDNN convolution or a Linear at batc
 round differently), not on whether autograd is recording: so the trainer reproduces an engine's
 output bit for bit by calling this with exactly the batch the engine used, the samples of one
 microgroup at one step in the engine's order (the batch plan's rollout tile,
-`miles.utils.batching`).
+`miles.flags.batching`).
 """
 
 from __future__ import annotations
@@ -26,10 +26,10 @@ from miles.models.precision import cast_to_rule
 from miles.models.runtime import quiet_libraries
 from miles.models.registry import FamilySpec, detect_family, get_family
 from miles.models.conditioning import Conditioning
-from miles.utils.checkpoint_layout import class_path, is_diffusers_library
+from miles.records.checkpoint_layout import class_path, is_diffusers_library
 from miles.utils.dotted_path import DottedPathError, load_callable
-from miles.utils.families import get_family_facts
-from miles.utils.schedule import (
+from miles.diffusion_facts.families import get_family_facts
+from miles.diffusion_facts.schedule import (
     calculate_shift, edm_flow_sigmas, expert_index_for_step, flow_match_config, flow_match_sigmas,
 )
 

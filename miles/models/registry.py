@@ -1,4 +1,4 @@
-"""The model families: torch-free facts (miles.utils.families) joined with their diffusers code."""
+"""The model families: torch-free facts (miles.diffusion_facts.families) joined with their diffusers code."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from miles.models.families.base import FamilyModule
-from miles.utils.families import FAMILY_NAMES, UnknownFamilyError, get_family_facts, match_family
+from miles.diffusion_facts.families import FAMILY_NAMES, UnknownFamilyError, get_family_facts, match_family
 from miles.utils.dotted_path import load_callable
 
 

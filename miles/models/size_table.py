@@ -1,9 +1,9 @@
-"""Computes miles/utils/model_sizes.json: `python3 -m miles.models.size_table`.
+"""Computes miles/plan/model_sizes.json: `python3 -m miles.models.size_table`.
 
-Each component of the released configs (`miles.utils.model_table.RELEASED`) and of our own tiny and
+Each component of the released configs (`miles.plan.model_table.RELEASED`) and of our own tiny and
 proxy checkpoints is built on torch's meta device from its config and counted. It imports torch
 and the model classes, so it lives with the models; the memory plan only reads the JSON it writes
-(`miles.utils.model_table.load_table`), keeping the dry path torch-free.
+(`miles.plan.model_table.load_table`), keeping the dry path torch-free.
 """
 
 from __future__ import annotations
@@ -11,14 +11,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from miles.utils.checkpoint_layout import class_path, is_diffusers_library
+from miles.records.checkpoint_layout import class_path, is_diffusers_library
 from miles.utils.dotted_path import load_callable
-from miles.utils.model_table import OWN_SIZES, RELEASED, TABLE_PATH, _c, _checkpoint, own_key
+from miles.plan.model_table import OWN_SIZES, RELEASED, TABLE_PATH, _c, _checkpoint, own_key
 
 
 def _own_specs() -> dict[str, dict[str, Any]]:
     from miles.models.registry import family_module
-    from miles.utils.families import FAMILY_NAMES
+    from miles.diffusion_facts.families import FAMILY_NAMES
 
     out = {}
     for family in FAMILY_NAMES:

@@ -47,7 +47,7 @@ def is_current_checkpoint(path: str | Path, size: str) -> bool:
         return False
     if index.get("_miles_vae_fit") != fit_marker(size, vae[1]):
         return False
-    from miles.utils.checkpoint_layout import missing_parts
+    from miles.records.checkpoint_layout import missing_parts
 
     return not missing_parts(path)  # a component lost since (a partial copy, a deleted folder): rebuild
 

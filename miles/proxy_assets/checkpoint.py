@@ -29,7 +29,7 @@ from miles.models.runtime import quiet_libraries
 from miles.models.tokenizer import build_tokenizer
 from miles.proxy_assets import FITTED_VAES, checkpoint_name, fit_marker, is_current_checkpoint
 from miles.proxy_assets.vae_fit import fit_vae
-from miles.utils.checkpoint_layout import class_path
+from miles.records.checkpoint_layout import class_path
 from miles.utils.dotted_path import load_callable
 
 SIZES = ("tiny", "proxy")

@@ -182,7 +182,7 @@ def ensure_sft_dataset(
     """
     from filelock import FileLock
 
-    from miles.utils.families import get_family_facts
+    from miles.diffusion_facts.families import get_family_facts
 
     frames = frames if get_family_facts(family).is_video else 1
     if num_items < 1 or height < 1 or width < 1 or frames < 1:

@@ -22,7 +22,7 @@ from typing import Any, Callable
 import torch
 
 from miles.backends import checkpoint as ckpt
-from miles.utils import checkpoint_identity as identity
+from miles.records import checkpoint_identity as identity
 
 
 @dataclass

@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from miles.utils.debug_faults import FAULT_KINDS, START_KINDS, _arm, fault_due, missing_checkpoint, parse_fault
+from miles.flags.debug_faults import FAULT_KINDS, START_KINDS, _arm, fault_due, missing_checkpoint, parse_fault
 
 INFRASTRUCTURE = "infrastructure"
 DETERMINISTIC = "deterministic"
@@ -483,7 +483,7 @@ def disk_reason(directory: str | Path, size: int = 1 << 20) -> OSError | None:
             pass
 
 
-# -- fault injection (--debug-fault; the kinds and the failures: miles.utils.debug_faults) -----
+# -- fault injection (--debug-fault; the kinds and the failures: miles.flags.debug_faults) -----
 
 _TARGET = {"train-kill": "trainer", "nan": "trainer", "disk-full": "trainer", "slow-save": "trainer",
            "engine-kill": "engines", "reward-kill": "rewards", "reward-hang": "rewards"}

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from miles.models.precision import differing
 from miles.ray.faults import DETERMINISTIC, RunFailure
-from miles.utils.run_logging import PARITY_KEYS, parity_drift
+from miles.records.run_logging import PARITY_KEYS, parity_drift
 
 NAMED = 8  # tensors named in the stop's line; every one goes to the failure record's cause
 

@@ -1,7 +1,7 @@
-"""Where every actor runs: the placement group of the layout (miles.utils.placement_plan), reserved
+"""Where every actor runs: the placement group of the layout (miles.plan.placement_plan), reserved
 only when the cluster can hold it, and each actor's options pinning it to its slot.
 
-`create_placement_group` judges the layout against the alive nodes first (miles.utils.resource_fit):
+`create_placement_group` judges the layout against the alive nodes first (miles.plan.resource_fit):
 a layout no node set can ever hold ends the run at once, naming the request and what the cluster
 offers; one that fits but is busy (other work holds the resources) or waits for nodes still to join
 is waited for, with a progress line every PROGRESS_EVERY_S naming what is pending and what holds
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 
-from miles.utils.placement_plan import (  # noqa: F401  (the driver's names for the layout)
+from miles.plan.placement_plan import (  # noqa: F401  (the driver's names for the layout)
     REWARD_CPU_PER_WORKER,
     PlacementPlan,
     Slot,
@@ -23,7 +23,7 @@ from miles.utils.placement_plan import (  # noqa: F401  (the driver's names for 
     num_train_ranks,
     plan_placement,
 )
-from miles.utils.resource_fit import MISSING_NODES, NodeOffer, Request, Verdict, judge, show_shape, total
+from miles.plan.resource_fit import MISSING_NODES, NodeOffer, Request, Verdict, judge, show_shape, total
 
 
 PROGRESS_EVERY_S = 30.0

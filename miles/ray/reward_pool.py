@@ -15,7 +15,7 @@ from miles.rollout.rm_hub.pool import split_evenly
 from miles.rollout.rm_hub.scoring import score_samples
 from miles.rollout.rm_hub.types import RewardError, RewardSample
 from miles.rollout.rm_hub.wire import frames_to_send, reward_input
-from miles.utils.debug_faults import fire
+from miles.flags.debug_faults import fire
 
 
 def wire_sample(args: Any, sample: RewardSample) -> RewardSample:

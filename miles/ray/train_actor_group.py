@@ -18,7 +18,7 @@ from miles.backends.rollout_shard import fetch_shard, rank_shard
 from miles.backends.types import RolloutBatch, RolloutRefs, TrainResult
 from miles.ray import faults
 from miles.ray.faults import wait_for
-from miles.utils.debug_faults import SLOW_SAVE_S, fire, take
+from miles.flags.debug_faults import SLOW_SAVE_S, fire, take
 from miles.ray.placement import PlacementPlan, actor_options
 
 
@@ -83,7 +83,7 @@ class TrainActor(TrainRank):
         self.args = faults.args_for_setup(self.args, self.rank, self.world_size)  # --debug-fault train-setup@0
         self.setup(*master)
 
-    # fault injection (--debug-fault, miles.utils.debug_faults): armed by the driver, carried out here
+    # fault injection (--debug-fault, miles.flags.debug_faults): armed by the driver, carried out here
     def train(self, batch):
         fire(self, "train-kill")
         if isinstance(batch, RolloutRefs):  # a run's rollout: this rank's samples, from where the engines keep them

@@ -38,7 +38,7 @@ def push_transport(args) -> str:
 
 
 def serving_rank(engine: int, ranks: int) -> int:
-    """The train rank a colocated engine shares its device with (miles.utils.placement_plan)."""
+    """The train rank a colocated engine shares its device with (miles.plan.placement_plan)."""
     return engine % ranks
 
 

@@ -3,7 +3,7 @@
 The replay loads a recipe's model through the project's own loader (`load_model(...,
 device="meta")`), which reads `model_index.json`, each component's config and the scheduler's
 config, and no weights. Those configs come from the committed size table: the released
-configs (`miles.utils.model_table.RELEASED`) or our own sizes (each family's `components(size)`).
+configs (`miles.plan.model_table.RELEASED`) or our own sizes (each family's `components(size)`).
 `blocks` rebuilds every transformer with that many blocks instead of its own count: the replay
 measures at two small depths and extrapolates (miles.replay.run says why that is exact).
 """
@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from miles.utils.model_table import OWN_SIZES, RELEASED, own_key
+from miles.plan.model_table import OWN_SIZES, RELEASED, own_key
 
 BLOCK_KEYS = ("num_layers",)  # the config key that counts a diffusers transformer's blocks
 SCHEDULER = ["diffusers", "FlowMatchEulerDiscreteScheduler"]
@@ -39,11 +39,11 @@ def component_specs(key: str) -> tuple[str, dict[str, dict[str, Any]]]:
                     specs[name] = {"library": spec.library, "class": spec.class_name, "config": dict(spec.config),
                                    "config_class": spec.config_class}
                 return family, specs
-    raise ReplayCheckpointError(f"{key}: not in the committed size table (miles/utils/model_table.py)")
+    raise ReplayCheckpointError(f"{key}: not in the committed size table (miles/plan/model_table.py)")
 
 
 def _families() -> tuple[str, ...]:
-    from miles.utils.families import FAMILY_NAMES
+    from miles.diffusion_facts.families import FAMILY_NAMES
 
     return tuple(FAMILY_NAMES)
 

@@ -71,9 +71,9 @@ def _n(x: float) -> str:
 
 
 def estimate(ns, plan, recipe: str) -> IoEstimate:
-    from miles.utils.memory_plan import GEOMETRY, _lora_params, _train_rank, _trained, model_facts
-    from miles.utils.model_facts import DTYPE_BYTES
-    from miles.utils.validation import has_rollout_engines
+    from miles.plan.memory_plan import GEOMETRY, _lora_params, _train_rank, _trained, model_facts
+    from miles.plan.model_facts import DTYPE_BYTES
+    from miles.flags.validation import has_rollout_engines
 
     facts = model_facts(ns.hf_checkpoint)
     geo = GEOMETRY[ns.diffusion_model_family]

@@ -2,7 +2,7 @@
 
 The recipe runs with submission off (`MILES_SCRIPT_ENABLE_RAY_SUBMIT=0`, the dry check's way:
 miles.testing.dry), writes its plan.json, and the argv there goes through train_diffusion.py's
-own parser and validator (`miles.utils.arguments.parse_and_plan`)."""
+own parser and validator (`miles.flags.arguments.parse_and_plan`)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def recipe_scales(script: str | Path) -> list[str]:
 
 def recipe_flags(script: str | Path, scale: str):
     """(namespace, batch plan) of `script --scale scale`."""
-    from miles.utils.arguments import parse_and_plan
+    from miles.flags.arguments import parse_and_plan
 
     script = Path(script).resolve()
     root = find_repo_root(script)

@@ -5,7 +5,7 @@ is over the budget, or when the measured allocations and the plan's differ by mo
 TOLERANCE of the larger. A failure names the phase, the GPU, the roles and the largest tensors
 alive at the peak. Each node's host memory (`--host-memory-gb` minus the same headroom) is the
 replayed train rank's and engine's host bytes composed into the node as the host plan composes
-its own (miles.utils.host_plan): what only the plan models (process runtimes, the driver, the
+its own (miles.plan.host_plan): what only the plan models (process runtimes, the driver, the
 reward workers, the object store) is the same on both sides.
 """
 
@@ -109,7 +109,7 @@ class Report:
 
 
 def compare(result: ReplayResult, ns, plan, recipe: str, scale: str) -> Report:
-    from miles.utils.memory_plan import CUDA_CONTEXT_GIB, phase_plan
+    from miles.plan.memory_plan import CUDA_CONTEXT_GIB, phase_plan
 
     estimate = phase_plan(ns, plan)
     if estimate is None:
@@ -129,8 +129,8 @@ def compare(result: ReplayResult, ns, plan, recipe: str, scale: str) -> Report:
 
 def host_rows(result: ReplayResult, ns, host) -> list[Row]:
     """Each node's host memory: one replayed train rank's and engine's host bytes per phase in place of
-    the plan's, composed into the node as the plan composes it (miles.utils.host_plan.compose_nodes)."""
-    from miles.utils.host_plan import compose_nodes
+    the plan's, composed into the node as the plan composes it (miles.plan.host_plan.compose_nodes)."""
+    from miles.plan.host_plan import compose_nodes
 
     dp = getattr(ns, "train_backend", "dp") != "fsdp"  # a data-parallel checkpoint is rank 0's alone
     phases = result.host_phases

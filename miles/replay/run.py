@@ -96,12 +96,12 @@ class ReplayResult:
 
 
 def table_key(ns: Namespace) -> str:
-    from miles.utils.memory_plan import _hub_repo_name, _table_key
+    from miles.plan.memory_plan import _hub_repo_name, _table_key
 
     key = _table_key(ns.hf_checkpoint) if ns.hf_checkpoint else None
     if key is None:
         name = _hub_repo_name(ns.hf_checkpoint or "") or Path(ns.hf_checkpoint or "-").name
-        raise ReplayUnavailable(f"{name}: not in the committed size table (miles/utils/model_table.py), "
+        raise ReplayUnavailable(f"{name}: not in the committed size table (miles/plan/model_table.py), "
                                 f"so there is no config to build it from")
     return key
 
@@ -169,7 +169,7 @@ def _record_line(base: PhaseRecord, steps: list[tuple[PhaseRecord, int]]) -> Pha
 
 
 def _replay_once(ns: Namespace, plan, key: str, blocks: int | None, dual: int | None = None) -> ReplayResult:
-    from miles.utils.validation import has_rollout_engines, train_gpus
+    from miles.flags.validation import has_rollout_engines, train_gpus
 
     world = train_gpus(ns)
     threads, rng = torch.get_num_threads(), torch.get_rng_state()
@@ -286,8 +286,8 @@ def _engine(args):
 
 def _reward_workers(memory: LiveMemory, args, place: str) -> int:
     """The scorer each reward worker holds, built on meta from the committed table (PickScore)."""
-    from miles.utils.memory_plan import _table_key
-    from miles.utils.model_table import RELEASED
+    from miles.plan.memory_plan import _table_key
+    from miles.plan.model_table import RELEASED
 
     if args.loss_type == "sft_loss" or args.rm_type != "pickscore" or not args.pickscore_model_path:
         return 0
@@ -421,7 +421,7 @@ def _batch(args, rank, real_plan, expert: str, hold: bool):
     from miles.rollout.types import Trajectory
     from miles.rollout.sampler import guidance_scales
     from miles.rollout.types import SamplingParams
-    from miles.utils.batching import expand_pairs, shard_pairs
+    from miles.flags.batching import expand_pairs, shard_pairs
 
     plan = rank.plan
     model = rank.fmodel
@@ -503,7 +503,7 @@ def _name(memory: LiveMemory, rank, engine) -> None:
 
 
 def _processes(args, places: dict[str, str], engines: bool, rewards: int) -> dict[str, dict[str, int]]:
-    from miles.utils.validation import train_gpus
+    from miles.flags.validation import train_gpus
 
     out: dict[str, dict[str, int]] = {TRAIN_GPU: {RANK: 1}}
     if engines:

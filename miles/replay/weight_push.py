@@ -15,7 +15,7 @@ def weight_push(memory: LiveMemory, args, rank, engine, places: dict[str, str]) 
     copies out of without staging anything; else the broadcast, one bucket staged on each side."""
     from miles.backends.train_offload import resident
     from miles.backends.weight_buckets import plan_buckets, send_buckets
-    from miles.utils.validation import DEFAULT_UPDATE_WEIGHT_BUFFER_SIZE
+    from miles.flags.validation import DEFAULT_UPDATE_WEIGHT_BUFFER_SIZE
 
     buffer = getattr(args, "update_weight_buffer_size", None) or DEFAULT_UPDATE_WEIGHT_BUFFER_SIZE
     with memory.at(TRAIN_GPU, RANK), resident(rank.offload, optimizer=False, synced_only=True):

@@ -17,7 +17,7 @@ from miles.rollout import sampler
 from miles.rollout.engine_offload import EngineOffload, reload_weights, resident_while_sampling
 from miles.rollout.engine_store import SampleStore
 from miles.rollout.types import SampleRequest, SamplingParams, StoredSample, Trajectory
-from miles.utils import phases
+from miles.records import phases
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -126,7 +126,7 @@ class RolloutEngineActor(RolloutEngine):
             return weight_digests(self.model.transformers)
 
     def generate(self, requests, trained_steps, debug=False, evaluation=False):
-        from miles.utils.debug_faults import fire
+        from miles.flags.debug_faults import fire
 
         fire(self, "engine-kill")  # --debug-fault engine-kill@N (the fault suite)
         return super().generate(requests, trained_steps, debug, evaluation)
@@ -138,7 +138,7 @@ class RolloutEngineActor(RolloutEngine):
         `train`: train ranks will read the trajectories (else only what the rewards score is kept)."""
         import ray
 
-        from miles.utils.debug_faults import fire
+        from miles.flags.debug_faults import fire
 
         fire(self, "engine-kill")
         store = SampleStore(ray.put, train)

@@ -7,7 +7,7 @@ test's token (`MILES_TEST_TOKEN`) or stay in the session their `ray start` ran i
 every Ray on the machine).
 
 Like every cluster the launcher starts, it requires a Ray token of its own (a fresh one in a 0600
-file in its temp dir, named to every node: miles.utils.external_utils.ray_auth); whatever token
+file in its temp dir, named to every node: miles.launcher.ray_auth); whatever token
 the test process or ~/.ray holds never reaches it. `auth_env()` is what a client process needs.
 """
 
@@ -26,8 +26,8 @@ from pathlib import Path
 
 from miles.testing.dry import scrubbed_env
 from miles.testing.runner import TOKEN_ENV, end_processes, new_token
-from miles.utils.external_utils import ray_auth as _ray_auth
-from miles.utils.external_utils import ray_cluster as _ray_cluster
+from miles.launcher import ray_auth as _ray_auth
+from miles.launcher import ray_cluster as _ray_cluster
 
 def free_ports(n: int) -> list[int]:
     """`n` distinct ports that were free a moment ago (the launcher's own port search)."""

@@ -2,7 +2,7 @@
 
 The recipe runs as a subprocess with `MILES_SCRIPT_ENABLE_RAY_SUBMIT=0` and an output dir of
 its own; the launcher then only writes `<output_dir>/<run_id>/plan.json`. The plan's argv is
-handed to `train_diffusion.py`'s own validator (`miles.utils.arguments.validate_argv`) in this
+handed to `train_diffusion.py`'s own validator (`miles.flags.arguments.validate_argv`) in this
 process — no torch, no Ray — and the static invariants are asserted on the batch plan it
 returns.
 """
@@ -267,7 +267,7 @@ def _values_equal(actual: list[str], expected: list[str]) -> bool:
 
 def _default_validate(argv: Sequence[str]):
     """train_diffusion.py's own parse + validation: (namespace, batch plan); raises ConfigError."""
-    from miles.utils.arguments import parse_and_plan
+    from miles.flags.arguments import parse_and_plan
 
     return parse_and_plan(list(argv))
 
@@ -277,7 +277,7 @@ def check_static(dry: DryRun, validate: Callable[[Sequence[str]], Any] | None = 
     shards that divide, a GPU layout the launcher's cluster can hold, locked flags unchanged.
 
     `validate(argv)` returns a batch plan or a (namespace, batch plan) pair and raises on an
-    invalid argv (default: `miles.utils.arguments.parse_and_plan`)."""
+    invalid argv (default: `miles.flags.arguments.parse_and_plan`)."""
     validate = validate or _default_validate
     argv = dry.argv
     recipe = dry.case.script
@@ -327,7 +327,7 @@ def _check_memory_plan(ns: Any, bp: Any) -> list[str]:
     """The per-GPU memory estimate of each role fits the GPU the argv declares (--gpu-memory-gb)."""
     if ns is None:
         return []
-    from miles.utils.memory_plan import MemoryPlanError, build_memory_plan
+    from miles.plan.memory_plan import MemoryPlanError, build_memory_plan
 
     try:
         build_memory_plan(ns, bp).check()
@@ -355,7 +355,7 @@ def _check_gpu_layout(plan: Mapping, ns: Any) -> list[str]:
                     f"--device {ns.device}"]
         return []
     try:
-        from miles.utils.validation import gpu_layout
+        from miles.flags.validation import gpu_layout
 
         needed = gpu_layout(ns).needed
     except (ImportError, AttributeError):

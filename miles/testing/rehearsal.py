@@ -28,7 +28,7 @@ THE_DEVICE = frozenset({"device"})  # what a rehearsal leaves out by definition
 
 def settings(argv: Sequence[str]) -> dict[str, Any]:
     """The run's SETTINGS as train_diffusion.py parses them (defaults applied)."""
-    from miles.utils.arguments import parse_and_plan
+    from miles.flags.arguments import parse_and_plan
 
     ns, _ = parse_and_plan(list(argv))
     return {name: getattr(ns, name, None) for name in SETTINGS}

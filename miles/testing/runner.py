@@ -23,8 +23,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 from miles.testing.cases import RecipeCase
 from miles.testing.invariants import PARITY_KEYS
-from miles.utils.phases import PHASES_ENV, breakdown, read_marks
-from miles.utils.external_utils import processes as _processes
+from miles.records.phases import PHASES_ENV, breakdown, read_marks
+from miles.launcher import processes as _processes
 from miles.testing.dry import scrubbed_env, tail
 
 TOKEN_ENV = "MILES_TEST_TOKEN"
@@ -38,7 +38,7 @@ def new_token() -> str:
 
 
 # -- finding and ending processes ---------------------------------------------------------
-# One implementation for launcher and harness: miles.utils.external_utils.processes. Every signal
+# One implementation for launcher and harness: miles.launcher.processes. Every signal
 # goes to a pid that carries the token at that moment; a process group id is never signalled
 # (once the recipe has exited its group id may belong to an unrelated process).
 
@@ -79,7 +79,7 @@ def end_processes(
     `pgid` is accepted for callers that still pass the recipe's group and is never signalled:
     everything a run starts inherits the token, which is verified before each signal. `sessions`:
     those `ray start` ran in, whose members are ended too (a raylet starts its dashboard agent
-    without the token; miles.utils.external_utils.processes). Returns (ended, survivors) as
+    without the token; miles.launcher.processes). Returns (ended, survivors) as
     "pid cmdline" strings.
     """
     del pgid
@@ -305,7 +305,7 @@ def run_recipe(
         "PYTHONUNBUFFERED": "1",
         "NO_COLOR": "1",
         "CUDA_DEVICE_ORDER": "PCI_BUS_ID",  # NVML's order, so leased indices mean the same GPUs
-        PHASES_ENV: str(out_dir / PHASES_FILE),  # where the run's time goes (miles.utils.phases)
+        PHASES_ENV: str(out_dir / PHASES_FILE),  # where the run's time goes (miles.records.phases)
     }
     overrides.update(case.env)
     overrides.update(env or {})

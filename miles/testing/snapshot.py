@@ -21,7 +21,7 @@ from syrupy.extensions.single_file import SingleFileSnapshotExtension, WriteMode
 
 # The launcher's one secret rule (names and value redaction): a snapshot hides exactly what the
 # launcher's options table, EXEC lines, plan and job log hide, and nothing is decided here.
-from miles.utils.external_utils.env_vars import REDACTED, is_secret_name, redact_text, secret_values
+from miles.launcher.env_vars import REDACTED, is_secret_name, redact_text, secret_values
 
 _PORT_FLAG = re.compile(r"(--[\w-]*port[= ])\d+")
 _HOST_PORT = re.compile(r"((?:127\.0\.0\.1|localhost|0\.0\.0\.0|<HOST>|<IP>)):\d{1,5}\b")

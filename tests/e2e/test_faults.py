@@ -105,7 +105,7 @@ def _remove_ray_temp_dir(out: Path) -> str | None:
     removes it (no Ray session outlives the suite) and returns its path."""
     import shutil
 
-    from miles.utils.external_utils.ray_cluster import ray_temp_dir_for
+    from miles.launcher.ray_cluster import ray_temp_dir_for
 
     record = out / ".launcher" / "head.json"
     if record.is_file():
@@ -369,7 +369,7 @@ def test_a_checkpoint_without_its_vae_with_max_restarts_2_fails_once_in_one_line
     import shutil
 
     from miles.proxy_assets import checkpoint_name
-    from miles.utils.external_utils.recipe_assets import SEED
+    from miles.launcher.recipe_assets import SEED
 
     broken = tmp_path / "sd3-without-vae"
     shutil.copytree(runs.model_dir / checkpoint_name("sd3", "tiny", SEED), broken)  # the one the suite's runs use
@@ -441,8 +441,8 @@ def _proctitle(pid: int) -> str:
 def test_a_normal_run_prints_neither_rays_address_line_nor_an_unneeded_open_files_warning(uninterrupted):
     import resource
 
-    from miles.utils.external_utils.local_cluster import open_files_needed
-    from miles.utils.external_utils.ray_cluster import RayNodeSpec, RayPorts, cpu_job_num_cpus
+    from miles.launcher.local_cluster import open_files_needed
+    from miles.launcher.ray_cluster import RayNodeSpec, RayPorts, cpu_job_num_cpus
 
     log = uninterrupted.log_path.read_text(errors="replace")
     assert "Ray head up on" in log  # the launcher's own line says where the head is

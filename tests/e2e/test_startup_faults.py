@@ -84,7 +84,7 @@ def runs(tmp_path_factory):
 def _remove_ray_temp_dir(out: Path) -> None:
     import shutil
 
-    from miles.utils.external_utils.ray_cluster import ray_temp_dir_for
+    from miles.launcher.ray_cluster import ray_temp_dir_for
 
     record = out / ".launcher" / "head.json"
     if record.is_file():
@@ -119,7 +119,7 @@ def test_an_actor_that_raises_at_start_up_ends_the_run_at_once_naming_it_and_is_
 
 
 def test_a_gpu_layout_on_a_machine_without_gpus_is_refused_before_ray_starts_naming_request_and_offer(runs):
-    from miles.utils.external_utils.ray_cluster import visible_gpus
+    from miles.launcher.ray_cluster import visible_gpus
 
     if visible_gpus().count >= 2:
         pytest.skip("this machine has GPUs: the layout would fit")

@@ -10,7 +10,7 @@ left mutated while waiting for it):
 
 First each registered test runs on the untouched source (it must pass). Then for each mutation, one
 at a time: rewrite the source so the trainer ignores the flag (a read of
-the flag replaced by a constant), run the test tests/unit/utils/flag_effects.py registers for that
+the flag replaced by a constant), run the test tests/unit/flags/flag_effects.py registers for that
 flag, put the source back byte for byte. A registered test that still passes under its mutation
 does not observe its flag. Prints the table flag | mutation | registered test | outcome and exits
 non-zero if any test passed or any anchor no longer matches.
@@ -18,7 +18,7 @@ non-zero if any test passed or any anchor no longer matches.
 The source is restored on every exit path: normal return, a failed test, an exception, Ctrl-C,
 SIGTERM/SIGHUP (turned into an exception so the `finally` runs). Anchors are the flag reads
 (`args.<dest>`), which survive rewrites of the code around them;
-tests/unit/utils/test_flag_mutations.py fails in the default run when one stops matching.
+tests/unit/flags/test_flag_mutations.py fails in the default run when one stops matching.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ MUTATIONS = (
     Mutation("--min-lr", "miles/backends/actor.py", r"\bargs\.min_lr\b", "0.0", "--min-lr ignored (floor 0)"),
     Mutation("--num-epoch", "miles/backends/optimizer.py", r"\bargs\.num_epoch\b", "0",
              "LR schedule without a length under --num-epoch"),
-    Mutation("--micro-batch-size", "miles/utils/batch_rules.py", r"\bns\.micro_batch_size\b(?!_)", "1",
+    Mutation("--micro-batch-size", "miles/flags/batch_rules.py", r"\bns\.micro_batch_size\b(?!_)", "1",
              "micro-batch size hard-coded to 1"),
     Mutation("--diffusion-noise-level", "miles/rollout/types.py", r"\bargs\.diffusion_noise_level\b", "0.7",
              "noise level hard-coded to 0.7"),
@@ -79,7 +79,7 @@ MUTATIONS = (
 
 
 def registry(root: Path = ROOT) -> dict[str, str]:
-    spec = importlib.util.spec_from_file_location("flag_effects", root / "tests/unit/utils/flag_effects.py")
+    spec = importlib.util.spec_from_file_location("flag_effects", root / "tests/unit/flags/flag_effects.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.FLAG_TESTS

@@ -6,19 +6,19 @@ from unittest import mock
 import pytest
 
 from miles.testing.idle import IdleEnded
-from miles.utils.external_utils.ray_auth import (
+from miles.launcher.ray_auth import (
     own_cluster_auth,
     restore_this_process,
     use_in_this_process,
     write_fresh_token,
 )
-from miles.utils.external_utils.ray_cluster import NO_PRESTARTED_WORKERS_ENV
+from miles.launcher.ray_cluster import NO_PRESTARTED_WORKERS_ENV
 
 
 # Modules whose tests mostly wait on Ray heads of their own (started, submitted to, ended): run
 # first, while the other xdist worker has CPU-bound tests to pair with their waits. Collected in
 # path order they came last, alone: the final 55 s of a 463 s suite with 0.3-0.9 of 2 cores busy.
-WAIT_BOUND_FIRST = ("tests/unit/utils/external_utils/test_launch_real_ray.py",)
+WAIT_BOUND_FIRST = ("tests/unit/launcher/test_launch_real_ray.py",)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -100,7 +100,7 @@ def test_an_upward_import_is_found_also_inside_a_function(tmp_path):
         "models/x.py": "def f():\n    from miles.rollout.types import SamplingParams\n",
         "rollout/x.py": "from miles.models.loader import load_model\n",
         "testing/x.py": "import miles.ray.faults\n",
-        "utils/x.py": "def f():\n    from miles.utils.external_utils.recipe_assets import Assets\n",
+        "utils/x.py": "def f():\n    from miles.launcher.recipe_assets import Assets\n",
         "utils/external_utils/x.py": "from miles.proxy_assets.checkpoint import ensure_checkpoint\n",
         "proxy_assets/x.py": "from miles.ray.faults import ROSTER\n",
     }
@@ -111,6 +111,6 @@ def test_an_upward_import_is_found_also_inside_a_function(tmp_path):
         "miles/models/x.py:2 imports miles.rollout.types (models may not depend on rollout)",
         "miles/proxy_assets/x.py:1 imports miles.ray.faults (proxy_assets may not depend on ray)",
         "miles/testing/x.py:1 imports miles.ray.faults (testing may not depend on ray)",
-        "miles/utils/x.py:2 imports miles.utils.external_utils.recipe_assets "
+        "miles/utils/x.py:2 imports miles.launcher.recipe_assets "
         "(utils may not depend on utils.external_utils)",
     ]

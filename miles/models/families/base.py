@@ -4,7 +4,7 @@ A family module describes its checkpoint (the components and their configs per s
 `create_checkpoint` can build them) and the three calls that differ between diffusers models:
 prompts -> conditioning tensors, one transformer forward, latents -> pixels. Everything else
 (guidance, batching) lives in `miles.models.loader`, the schedule in
-`miles.utils.schedule`. Where a family's pipeline differs (how it builds sigmas, pads prompts or
+`miles.diffusion_facts.schedule`. Where a family's pipeline differs (how it builds sigmas, pads prompts or
 combines guided outputs) the family says so here, in the pipeline's own terms.
 """
 
@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from miles.models.tokenizer import EOS_ID, PAD_ID, vocabulary
-from miles.utils.families import FamilyFacts, get_family_facts
+from miles.diffusion_facts.families import FamilyFacts, get_family_facts
 
 
 @dataclass(frozen=True)

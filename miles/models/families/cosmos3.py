@@ -9,7 +9,7 @@ estimate c_skip x_edm + c_out out, guidance `cond + g (cond - uncond)` on that e
 Euler step. With c_in = c_skip = 1 - t and c_out = -t this is exactly a flow-matching sampler in
 x = x_edm / (1 + s) = x_edm (1 - t) whose velocity is the transformer output: the estimate is
 x - t out, and the EDM Euler step from s to s' is the flow Euler step from t to t'. So this family
-runs the ordinary flow sampler on those times (`miles.utils.schedule.edm_flow_sigmas`), starts
+runs the ordinary flow sampler on those times (`miles.diffusion_facts.schedule.edm_flow_sigmas`), starts
 from t_0 * noise, guides with `cond + g (cond - uncond)` (the pipeline's formula, g > 1 only) and
 decodes x / (1 - t_final) as the pipeline decodes x_edm; the SDE branch keeps Flow-GRPO's math in
 these coordinates. tests/unit/models/test_pipeline_parity.py compares it with the pipeline.

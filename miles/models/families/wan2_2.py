@@ -1,7 +1,7 @@
 """Wan2.2 (A14B layout): two WanTransformer3DModel experts over the Wan VAE, UMT5 text encoder.
 
 `transformer` denoises the high-noise steps (t >= boundary_ratio * 1000), `transformer_2` the rest;
-which one runs is decided in `DiffusionModel.expert_for`, from miles.utils.schedule, on the
+which one runs is decided in `DiffusionModel.expert_for`, from miles.diffusion_facts.schedule, on the
 pipeline's float32 timestep. Guidance as WanPipeline applies it: on only when the high-noise scale
 is > 1, then each expert's own scale.
 

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from miles.rollout.rm_hub.types import RewardSample, frame_to_pil, pick_frames
-from miles.utils.reward_names import EIGHT_BIT_FRAMES
+from miles.flags.reward_names import EIGHT_BIT_FRAMES
 
 VIDEO_FRAMES = EIGHT_BIT_FRAMES["ocr"]  # frames of a video that are read; OCR is the slow part of a rollout on CPU
 SOFT_READ_MAX_SIDE = 128

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from miles.rollout.rm_hub.types import RewardSample, frame_to_pil, pick_frames
-from miles.utils.reward_names import EIGHT_BIT_FRAMES
+from miles.flags.reward_names import EIGHT_BIT_FRAMES
 
 # PickScore's raw logits sit near 20-23; dividing as Flow-GRPO does keeps rewards near [0, 1].
 SCORE_SCALE = 26.0

@@ -7,7 +7,7 @@ from typing import Any
 
 from miles.rollout.rm_hub.types import RewardError, RewardFn
 from miles.utils.dotted_path import DottedPathError, load_callable
-from miles.utils.reward_names import BUILTIN_REWARDS, CUSTOM
+from miles.flags.reward_names import BUILTIN_REWARDS, CUSTOM
 
 
 @lru_cache(maxsize=None)

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from miles.rollout.rm_hub.pool import LocalRewardScorer
-from miles.utils.reward_names import BUILTIN_REWARDS, rm_type
+from miles.flags.reward_names import BUILTIN_REWARDS, rm_type
 from miles.rollout.rm_hub.types import RewardError, RewardSample
 
 

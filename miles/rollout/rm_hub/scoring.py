@@ -13,7 +13,7 @@ from typing import Any
 
 from miles.rollout.rm_hub.registry import resolve, reward_name
 from miles.rollout.rm_hub.types import RewardError, RewardFn, RewardSample
-from miles.utils.reward_names import BUILTIN_REWARDS
+from miles.flags.reward_names import BUILTIN_REWARDS
 
 # what a reward must return, as the custom loss's errors state theirs (miles.utils.dotted_path)
 MUST_RETURN = "one score per sample, in order: a list of floats (`async def rm(args, samples) -> list[float]`)"

@@ -15,7 +15,7 @@ import numpy as np
 
 from miles.rollout.rm_hub.registry import reward_name
 from miles.rollout.rm_hub.types import RewardError, RewardSample, pick_frames
-from miles.utils.reward_names import EIGHT_BIT_FRAMES
+from miles.flags.reward_names import EIGHT_BIT_FRAMES
 
 EVERY_FRAME = 0  # `frames_to_send`'s answer for a reward that reads the decoded values
 

@@ -1,119 +1,27 @@
-"""The launcher recipes use as `U`: script options (`dataclass_cli`, `ExecuteTrainConfig`) and
-`execute_train`, which starts a Ray cluster of its own and submits `train_diffusion.py` to it as
-a Ray job. The pieces live in sibling modules; this one gathers what recipes call.
+"""miles-diffusion's `U`, kept at its import path for launch scripts written against it:
 
     import miles.utils.external_utils.command_utils as U
 
-Nothing here imports torch or Ray at module level: a dry run (MILES_SCRIPT_ENABLE_RAY_SUBMIT=0)
-must stay fast and side-effect free. See docs/launch-scripts.md.
-
-What scaled recipes share lives in recipe_options (the `_Scale` base and `ScaledRecipeArgs`, the
-base of their ScriptArgs), recipe_assets (checkpoint, PickScore, prompt files), flag_blocks (the
-parts of a block) and train_job (the blocks a kind of recipe shares, joined and launched).
-
-miles-diffusion's own names (`hf_download_dataset`, `execute_train(..., extra_env_vars=...)` with
-`config` optional, `get_bool_env_var`, `check_has_nvlink`, `repo_base_dir`, ...) come from
-public_names, so a launch script written against it runs here unmodified; a Megatron or mooncake
-name is refused with one line when called.
+Only the names miles-diffusion's current `command_utils` has go through here (docs/launch-scripts.md,
+"Bringing a miles-diffusion recipe"); each is the launcher's own (miles.launcher). This repository's
+recipes import the whole recipe API, miles.launcher.recipe_api. A Megatron or mooncake name refuses
+in one line when called. The layer rule (tests/unit/test_import_layers.py) lets only this file reach
+from miles.utils up into the launcher.
 """
 
 from __future__ import annotations
 
-from miles.utils.external_utils.config import REPO_ROOT, ExecuteTrainConfig, create_run_id
-from miles.utils.external_utils.flag_blocks import (
-    ckpt_args,
-    colocated_misc_args,
-    cpu_reward_args,
-    deterministic_args,
-    engine_args,
-    eval_args,
-    flat_micro_batch_args,
-    flow_grpo_args,
-    gpu_layout_args,
-    gradient_checkpointing_args,
-    optimizer_args,
-    pickscore_args,
-    prompt_batch_args,
-    rollout_batch_args,
-    run_dir,
-    tile_args,
-    train_backend_args,
-)
-from miles.utils.external_utils.launch_mode import is_dry_run, is_external_ray
-from miles.utils.external_utils.local_cluster import start_ray_worker
-from miles.utils.external_utils.pipeline import pipeline_state_dir, run_pipeline, select_recipe
-from miles.utils.external_utils.plan import read_plan
-from miles.utils.external_utils.public_names import (
-    GENERATION_HARDWARE,
-    NUM_GPUS_OF_HARDWARE,
-    check_has_nvlink,
-    convert_checkpoint,
-    exec_command,
-    execute_train,
-    fp8_cast_bf16,
-    get_bool_env_var,
-    get_default_wandb_args,
-    get_env_enable_infinite_run,
-    hf_download_dataset,
-    refused_name,
-    repo_base_dir,
-    rsync_simple,
-    save_to_temp_file,
-)
-from miles.utils.external_utils.recipe_assets import (
-    Assets,
-    ensure_assets,
-    ensure_pickscore,
-    ensure_prompt_files,
-    ensure_recipe_checkpoint,
-)
-from miles.utils.external_utils.recipe_options import (
-    CPU_PROXY,
-    CPU_REHEARSAL,
-    FULL_SCALE,
-    ColocatedScale,
-    GPU_PROXY,
-    RolloutScale,
-    Scale,
-    ScaledRecipeArgs,
-    data_dir_option,
-    model_dir_option,
-    num_rollout_option,
-    rehearsal_scale,
-    scale_option,
-)
-from miles.utils.external_utils.ray_cluster import wait_for_cluster_resources
-from miles.utils.external_utils.train_job import TrainJob, colocated_job
-from miles.utils.external_utils.train_launch import ClusterInfo, LaunchError
-from miles.utils.typer_utils import dataclass_cli, dataclass_cli_app, print_options_table
+from miles.launcher.config import create_run_id, ExecuteTrainConfig
+from miles.launcher.public_names import check_has_nvlink, convert_checkpoint, exec_command, execute_train, fp8_cast_bf16, GENERATION_HARDWARE, get_bool_env_var, get_default_wandb_args, get_env_enable_infinite_run, hf_download_dataset, NUM_GPUS_OF_HARDWARE, repo_base_dir, rsync_simple, save_to_temp_file
+from miles.launcher.typer_utils import dataclass_cli
+from miles.launcher.public_names import refused_name
 
-__all__ = [
-    "REPO_ROOT", "ClusterInfo", "ExecuteTrainConfig", "LaunchError", "create_run_id", "dataclass_cli",
-    "dataclass_cli_app", "exec_command", "execute_train", "get_default_wandb_args", "is_dry_run",
-    "is_external_ray", "pipeline_state_dir", "print_options_table", "read_plan", "run_pipeline",
-    "select_recipe", "start_ray_worker", "wait_for_cluster_resources",
-    # a recipe's scales, options and assets
-    "CPU_PROXY", "CPU_REHEARSAL", "FULL_SCALE", "GPU_PROXY", "Assets", "ColocatedScale", "RolloutScale", "Scale", "ScaledRecipeArgs",
-    "data_dir_option", "ensure_assets", "ensure_pickscore", "ensure_prompt_files", "ensure_recipe_checkpoint",
-    "model_dir_option", "num_rollout_option", "rehearsal_scale", "scale_option",
-    # the launch: the blocks recipes of a kind share, joined with the recipe's own
-    "TrainJob", "colocated_job",
-    # the parts of the flag blocks every recipe writes the same way
-    "ckpt_args", "colocated_misc_args", "cpu_reward_args", "deterministic_args", "engine_args", "eval_args",
-    "flat_micro_batch_args",
-    "flow_grpo_args", "gpu_layout_args", "gradient_checkpointing_args", "optimizer_args", "pickscore_args",
-    "prompt_batch_args", "rollout_batch_args", "run_dir", "tile_args", "train_backend_args",
-    # miles-diffusion's names, same meaning (public_names)
-    "GENERATION_HARDWARE", "NUM_GPUS_OF_HARDWARE", "check_has_nvlink", "convert_checkpoint", "fp8_cast_bf16",
-    "get_bool_env_var", "get_env_enable_infinite_run", "hf_download_dataset", "repo_base_dir", "rsync_simple",
-    "save_to_temp_file",
-]
+__all__ = ["check_has_nvlink", "convert_checkpoint", "create_run_id", "dataclass_cli", "exec_command", "execute_train", "ExecuteTrainConfig", "fp8_cast_bf16", "GENERATION_HARDWARE", "get_bool_env_var", "get_default_wandb_args", "get_env_enable_infinite_run", "hf_download_dataset", "NUM_GPUS_OF_HARDWARE", "repo_base_dir", "rsync_simple", "save_to_temp_file"]
 
 
 def __getattr__(name: str):
-    """A Megatron or mooncake name of miles (`U.convert_megatron_...`, `U.mooncake_...`): calling it
-    refuses with one line; any other unknown name is the usual AttributeError."""
+    """`U.convert_megatron_...`, `U.mooncake_...`: calling it refuses with one line; any other unknown
+    name is the usual AttributeError."""
     if "megatron" in name.lower() or "mooncake" in name.lower():
         return refused_name(name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-

@@ -29,7 +29,7 @@ def tiny_assets(family: str = "sd3"):
 
 
 def tiny_args(run_dir, extra: str = ""):
-    from miles.utils.arguments import parse_and_plan
+    from miles.flags.arguments import parse_and_plan
 
     checkpoint, prompts = tiny_assets()
     defaults = "" if "--actor-num-gpus-per-node" in extra else "--actor-num-gpus-per-node 1 --num-gpus-per-node 2"

@@ -51,7 +51,7 @@ def test_nft_with_kl_beta_and_ema_computes_the_kl_and_samples_from_the_ramped_ol
 def test_the_unconditional_cfg_branch_is_detached_unless_asked(tmp_path):
     from dtype_helpers import one_rollout
 
-    from miles.utils.batching import Pair
+    from miles.flags.batching import Pair
 
     grads = {}
     for flag in ("", "--train-uncond-branch"):

@@ -16,7 +16,7 @@ from test_fsdp import one_rank_group
 def _first_micro_batch_gradients(run_dir, flags: str, batch=None) -> tuple[dict[str, torch.Tensor], object]:
     """This rank's shard of each gradient after the first micro-batch's backward (no optimizer step)."""
     from miles.backends.actor import TrainRank
-    from miles.utils.batching import rank_schedule
+    from miles.flags.batching import rank_schedule
 
     args, plan = fsdp_args(run_dir, f"--colocate {flags}", 1)
     batch = batch if batch is not None else one_rollout(args, 0, engine_for(args))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from miles.utils.arguments import ConfigError, parse_args
+from miles.flags.arguments import ConfigError, parse_args
 
 BF16 = "--compute-dtype bfloat16 --rollout-dtype bfloat16 --param-dtype float32"
 

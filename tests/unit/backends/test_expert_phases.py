@@ -10,8 +10,8 @@ from miles.backends.actor import TrainRank
 from miles.proxy_assets.checkpoint import ensure_checkpoint
 from miles.models.runtime import configure_torch
 from miles.proxy_assets.prompts import ensure_prompt_file
-from miles.utils.arguments import parse_command_line
-from miles.utils.batch_rules import ConfigError
+from miles.flags.arguments import parse_command_line
+from miles.flags.batch_rules import ConfigError
 
 
 def _argv(checkpoint, prompts, run_dir, extra=""):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from miles.utils.arguments import parse_args
+from miles.flags.arguments import parse_args
 
 ARGV = "--hf-checkpoint /ckpt/sd3 --num-rollout 1 --rm-type brightness --prompt-data p.jsonl --device cpu"
 

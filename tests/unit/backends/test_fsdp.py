@@ -143,7 +143,7 @@ def test_sharded_lora_with_bf16_compute_keeps_parity_exact_without_a_compute_cop
      "--offload-train: this run has no rollout engines .* fix: drop --offload-train"),
 ])
 def test_offload_without_a_shared_gpu_is_refused_naming_the_fix(flags, message):
-    from miles.utils.arguments import ConfigError, parse_args
+    from miles.flags.arguments import ConfigError, parse_args
 
     argv = "--hf-checkpoint /ckpt/sd3 --num-rollout 1 --rm-type brightness --prompt-data p.jsonl"
     with pytest.raises(ConfigError, match=message):
@@ -171,7 +171,7 @@ def _bf16_lora_run(run_dir) -> dict:
     from miles.backends.actor import TrainRank
     from miles.backends.lora import is_lora_param
     from miles.rollout.data import PromptDataset
-    from miles.utils.batching import rank_schedule
+    from miles.flags.batching import rank_schedule
 
     args, plan = fsdp_args(run_dir, BF16_LORA, 1)
     engine, dataset = engine_for(args), PromptDataset.from_args(args)

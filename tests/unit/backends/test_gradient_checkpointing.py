@@ -6,14 +6,14 @@ import pytest
 import torch
 
 from miles.backends.actor import enable_gradient_checkpointing
-from miles.utils.families import FAMILY_NAMES
+from miles.diffusion_facts.families import FAMILY_NAMES
 
 
 def _grads(tmp_path, batch, extra: str):
     from dtype_helpers import tiny_args
 
     from miles.backends.actor import TrainRank
-    from miles.utils.batching import Pair
+    from miles.flags.batching import Pair
 
     args, plan = tiny_args(tmp_path, extra)
     rank = TrainRank(args, plan, 0, 1)

@@ -8,8 +8,8 @@ from dtype_helpers import engine_for, one_rollout, tiny_args
 from rollout_helpers import as_a_rank_gets_it
 from miles.backends.actor import probe_limit, probed_extra_micro_batches
 from miles.backends.rollout_shard import probed_outputs
-from miles.utils.batching import rank_schedule
-from miles.utils.batch_rules import ConfigError
+from miles.flags.batching import rank_schedule
+from miles.flags.batch_rules import ConfigError
 
 # two optimizer steps per rollout (TINY), one pair per forward (the engines sample one sample at a
 # time, so that is their forward): the second step's micro-batches are the ones the probe must
@@ -68,7 +68,7 @@ def test_unset_the_cpu_tier_checks_every_micro_batch_and_a_gpu_run_one():
 
 def test_sampling_without_the_probe_is_refused_naming_the_fix(tmp_path):
     from dtype_helpers import TINY, tiny_assets
-    from miles.utils.arguments import parse_and_plan
+    from miles.flags.arguments import parse_and_plan
 
     checkpoint, prompts = tiny_assets()
     argv = (f"--hf-checkpoint {checkpoint} --prompt-data {prompts} --run-dir {tmp_path} {TINY} "

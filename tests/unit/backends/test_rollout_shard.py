@@ -13,7 +13,7 @@ from dtype_helpers import engine_for, one_rollout, tiny_args
 from rollout_helpers import as_a_rank_gets_it
 from miles.backends.rollout_shard import fetch_shard, rank_shard, samples_of_rank
 from miles.backends.types import RolloutRefs
-from miles.utils.batching import rank_schedule
+from miles.flags.batching import rank_schedule
 
 RANKS = 2
 

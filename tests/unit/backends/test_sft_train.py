@@ -6,8 +6,8 @@ import torch
 from miles.backends.actor import TrainRank
 from miles.backends.sft import SFTBatch, SFTSource, pair_noise
 from miles.proxy_assets.prompts import ensure_sft_dataset
-from miles.utils.arguments import parse_command_line
-from miles.utils.batching import Pair
+from miles.flags.arguments import parse_command_line
+from miles.flags.batching import Pair
 
 
 @pytest.fixture(scope="module")

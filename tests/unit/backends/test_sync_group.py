@@ -17,7 +17,7 @@ import torch
 from miles.backends.sync_group import SyncGroupAddress, WeightReceiver, WeightSender
 from miles.backends.weight_buckets import plan_buckets, send_buckets
 from miles.backends.weight_sync import apply_weight_update, collect_weight_updates, synced_tensors
-from miles.utils.external_utils.ray_cluster import free_ports
+from miles.launcher.ray_cluster import free_ports
 from weight_sync_models import LoraLike, bit_equal, perturbed, state
 
 BUFFER = 512  # bytes: far below the model, so the sync takes many buckets and one oversize tensor

@@ -150,7 +150,7 @@ def test_micro_batch_size_sets_the_pairs_per_backward_pass(tmp_path):
 def epoch_args(run_dir, flags: str):
     """The tiny run over --num-epoch 1 instead of --num-rollout 2."""
     from dtype_helpers import TINY, DEVICE  # noqa: F401
-    from miles.utils.arguments import parse_and_plan
+    from miles.flags.arguments import parse_and_plan
 
     checkpoint, prompts = tiny_assets()
     tiny = TINY.replace("--num-rollout 2", "")

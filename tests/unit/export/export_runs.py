@@ -30,7 +30,7 @@ def trained_rank(base: Path, argv: list[str], seed: int = 0, scale: float = 0.05
     from miles.backends.ema import EMA
     from miles.backends.lora import attach_lora, lora_spec_from_args
     from miles.models.loader import load_model
-    from miles.utils.arguments import build_parser
+    from miles.flags.arguments import build_parser
 
     args = build_parser().parse_known_args(argv)[0]
     rank = TrainRank.__new__(TrainRank)

@@ -7,8 +7,8 @@ import torch
 from miles.models.loader import CheckpointError, load_model
 from miles.models.registry import detect_family, get_family
 from miles.models.tokenizer import build_tokenizer
-from miles.utils.families import FAMILY_NAMES
-from miles.utils.schedule import expert_index_for_step
+from miles.diffusion_facts.families import FAMILY_NAMES
+from miles.diffusion_facts.schedule import expert_index_for_step
 
 
 def _inputs(model, batch=3, seed=0):

@@ -148,7 +148,7 @@ def released_ltx2_dir(tmp_path_factory, tiny_checkpoint):
 def test_released_layout_ltx2_matches_the_pipeline_and_holds_what_it_names(released_ltx2_dir):
     from miles.models.loader import load_model
 
-    from miles.utils.checkpoint_layout import missing_parts, pixel_grid
+    from miles.records.checkpoint_layout import missing_parts, pixel_grid
 
     assert missing_parts(released_ltx2_dir, ("vae", "transformer", "connectors", "audio_vae")) == []
     assert pixel_grid(released_ltx2_dir).spatial == 16 and pixel_grid(released_ltx2_dir).frames_ok(FRAMES)

@@ -21,7 +21,7 @@ from miles.backends.weight_buckets import plan_buckets
 from miles.backends.weight_sync import collect_weight_updates, synced_tensors, wire_rule
 from miles.models.loader import load_model
 from miles.models.precision import tensor_dtypes
-from miles.utils.families import FAMILY_NAMES
+from miles.diffusion_facts.families import FAMILY_NAMES
 
 COMPUTE = torch.bfloat16
 

@@ -1,10 +1,10 @@
-"""miles.utils.schedule builds the same float32 sigmas as FlowMatchEulerDiscreteScheduler, bit for bit."""
+"""miles.diffusion_facts.schedule builds the same float32 sigmas as FlowMatchEulerDiscreteScheduler, bit for bit."""
 
 import numpy as np
 import pytest
 from diffusers import FlowMatchEulerDiscreteScheduler
 
-from miles.utils.schedule import (
+from miles.diffusion_facts.schedule import (
     calculate_shift, edm_flow_sigmas, expert_index_for_step, flow_match_config, flow_match_sigmas,
 )
 

@@ -9,7 +9,7 @@ from miles.proxy_assets import checkpoint as cc
 from miles.proxy_assets.checkpoint import build_component, create_checkpoint, ensure_checkpoint
 from miles.models.registry import get_family
 
-from miles.utils.families import FAMILY_NAMES as FAMILIES
+from miles.diffusion_facts.families import FAMILY_NAMES as FAMILIES
 
 
 def _tree(root: Path) -> dict[str, bytes]:

@@ -16,8 +16,8 @@ from miles.rollout.engine import RolloutEngine
 from miles.rollout.rm_hub.pool import LocalRewardScorer
 from miles.rollout.rm_hub.types import RewardSample
 from miles.rollout.types import SampleRequest
-from miles.utils.arguments import parse_and_plan
-from miles.utils.batching import expand_pairs, shard_pairs
+from miles.flags.arguments import parse_and_plan
+from miles.flags.batching import expand_pairs, shard_pairs
 from tests.tools.adam_bound import check_first_adamw_step
 
 

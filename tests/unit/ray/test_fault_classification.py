@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from miles.ray import faults
-from miles.utils import debug_faults
-from miles.utils.arguments import parse_args
-from miles.utils.external_utils import restarts
+from miles.flags import debug_faults
+from miles.flags.arguments import parse_args
+from miles.launcher import restarts
 
 
 def _args(*extra: str) -> argparse.Namespace:

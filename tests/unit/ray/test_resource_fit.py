@@ -1,13 +1,13 @@
-"""The one rule that says whether a cluster can ever hold a run's layout (miles.utils.resource_fit),
+"""The one rule that says whether a cluster can ever hold a run's layout (miles.plan.resource_fit),
 as the driver and the launcher apply it; and which GPUs the launcher may declare."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
-from miles.utils.external_utils.ray_cluster import declared_gpus, layout_verdict, this_machine, visible_gpus
-from miles.utils.placement_plan import layout_requests, plan_placement
-from miles.utils.resource_fit import FITS, MISSING_NODES, NEVER, NodeOffer, Request, judge
+from miles.launcher.ray_cluster import declared_gpus, layout_verdict, this_machine, visible_gpus
+from miles.plan.placement_plan import layout_requests, plan_placement
+from miles.plan.resource_fit import FITS, MISSING_NODES, NEVER, NodeOffer, Request, judge
 
 GIB = 2.0**30
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from miles.ray import faults
-from miles.utils import debug_faults
-from miles.utils.external_utils import restarts
+from miles.flags import debug_faults
+from miles.launcher import restarts
 
 # Ray 2.x's message for a constructor that raised, as `str(err)` of the ActorDiedError shows it
 RAY_CREATION_TEXT = """The actor died because of an error raised in its creation task, \x1b[36mray::RolloutEngineActor.__init__()\x1b[39m (pid=13833, ip=10.0.0.7, actor_id=0aa8ba664a9e8263ff842e1501000000, repr=<RolloutEngineActor>)
@@ -144,7 +144,7 @@ def _plan(bundles):
 
 def test_a_placement_no_node_can_hold_is_refused_at_once_naming_request_and_offer(local_ray):
     from miles.ray.placement import create_placement_group
-    from miles.utils.resource_fit import Request
+    from miles.plan.resource_fit import Request
 
     plan = _plan([{"GPU": 1.0, "CPU": 1.0}] * 2)
     began = time.monotonic()
@@ -181,7 +181,7 @@ def test_placement_timeout_s_ends_the_drivers_wait_for_a_busy_cluster(local_ray,
     from ray.util.placement_group import placement_group, remove_placement_group
 
     from miles.ray.placement import place_run
-    from miles.utils.arguments import parse_args
+    from miles.flags.arguments import parse_args
 
     args = parse_args(["--hf-checkpoint", "x", "--diffusion-model-family", "sd3", "--prompt-data", "p.jsonl",
                        "--rm-type", "brightness", "--num-rollout", "1", "--device", "cpu",

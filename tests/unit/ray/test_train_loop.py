@@ -17,7 +17,7 @@ import ray
 from safetensors.torch import load_file
 
 import train_diffusion
-from miles.utils.run_logging import read_metrics
+from miles.records.run_logging import read_metrics
 
 RANKS = {1: "--actor-num-gpus-per-node 1 --num-gpus-per-node 1 --colocate",
          2: "--actor-num-gpus-per-node 2 --num-gpus-per-node 2 --colocate"}

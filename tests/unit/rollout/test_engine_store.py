@@ -88,7 +88,7 @@ def test_a_thumbnail_is_the_first_frame_at_most_its_side_and_keeps_the_aspect():
 
 def test_the_host_plan_counts_the_thumbnails_the_driver_keeps():
     from miles.ray.rollout_manager import THUMBNAILS, thumbnail_samples
-    from miles.utils.host_plan import THUMBNAIL_BYTES
+    from miles.plan.host_plan import THUMBNAIL_BYTES
 
     assert THUMBNAIL_BYTES == THUMBNAILS * 3 * THUMBNAIL_SIDE ** 2
     # the first sample of every prompt, then the second...: 16 of 16 x 16, 4 of 2 x 2

@@ -5,7 +5,7 @@ import torch
 from PIL import Image
 
 from miles.rollout.sample import image_grid, main
-from miles.utils.families import FAMILY_NAMES
+from miles.diffusion_facts.families import FAMILY_NAMES
 
 
 @pytest.fixture(scope="module")

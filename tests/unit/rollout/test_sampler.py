@@ -6,7 +6,7 @@ from miles.models.loader import load_model
 from miles.rollout import sampler
 from miles.rollout.sde import largest_sigma_below_one, sde_step
 from miles.rollout.types import Conditioning, SampleRequest, SamplingParams
-from miles.utils.families import FAMILY_NAMES
+from miles.diffusion_facts.families import FAMILY_NAMES
 
 PARAMS = dict(num_steps=4, height=32, width=32, guidance_scale=4.0, guidance_scale_2=3.0, negative_prompt="blurry")
 

@@ -12,7 +12,7 @@ import torch
 
 from miles.rollout.engine import RolloutEngine
 from miles.rollout.types import SampleRequest
-from miles.utils.arguments import parse_args
+from miles.flags.arguments import parse_args
 
 REQUESTS = [SampleRequest("a red cat", 0, i, 100 + i) for i in range(2)]
 

@@ -9,7 +9,7 @@ import pytest
 
 from miles.testing import RecipeCase
 from miles.testing.dry import run_dry
-from miles.utils.arguments import build_parser, parse_and_plan
+from miles.flags.arguments import build_parser, parse_and_plan
 
 REPO = Path(__file__).resolve().parents[3]
 # recipe -> the heading of its table in docs/algorithms.md

@@ -10,7 +10,7 @@ execute() builds one job (`U.colocated_job` or `U.TrainJob`), which owns the fla
 recipe shares with its kind, names the recipe's own blocks (its sampler, loss, learning rate, LoRA,
 tiling) and ends by handing each of them, by name, to `job.execute_train`. The argv check runs each
 recipe's own prepare() and execute() in process, in a dry run, with `execute_train` replaced by a
-recorder, and validates what it was given with `miles.utils.arguments.validate_argv`.
+recorder, and validates what it was given with `miles.flags.arguments.validate_argv`.
 """
 
 from __future__ import annotations
@@ -115,11 +115,11 @@ def test_script_args_prepare_execute_main(path):
     decorators = [ast.unparse(d) for d in functions["main"].decorator_list]
     assert decorators == ["U.dataclass_cli"], f"{path.name}: main() decorated with {decorators}"
     imports = [ast.unparse(n) for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
-    assert "import miles.utils.external_utils.command_utils as U" in imports
+    assert "import miles.launcher.recipe_api as U" in imports
 
 
 def test_the_layout_check_knows_the_launchers_blocks():
-    from miles.utils.external_utils import train_job
+    from miles.launcher import train_job
 
     assert train_job.FLAG_BLOCKS == FLAG_BLOCKS and train_job.RECIPE_BLOCKS == RECIPE_BLOCKS
 
@@ -179,10 +179,10 @@ def _cases():
 
 @pytest.mark.parametrize("path,scale", _cases())
 def test_every_scale_assembles_flags_that_validate(path, scale, tmp_path, monkeypatch):
-    from miles.utils.arguments import validate_argv
+    from miles.flags.arguments import validate_argv
 
     monkeypatch.setenv("MILES_SCRIPT_ENABLE_RAY_SUBMIT", "0")
-    from miles.utils.external_utils import train_job
+    from miles.launcher import train_job
 
     module = _load(path)
     recorder = _Recorder()

@@ -9,7 +9,7 @@ import pytest
 
 from miles.testing.cluster import LocalRayCluster, free_ports
 from miles.testing.runner import token_pids
-from miles.utils.external_utils.processes import pids_in_session
+from miles.launcher.processes import pids_in_session
 
 
 def test_free_ports_are_distinct():

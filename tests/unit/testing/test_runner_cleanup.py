@@ -5,7 +5,7 @@ import subprocess
 import sys
 
 from miles.testing.runner import TOKEN_ENV, end_processes, new_token
-from miles.utils.external_utils import processes
+from miles.launcher import processes
 
 
 def _sleeper(env=None):

@@ -3,7 +3,7 @@
 import pytest
 
 from miles.rollout.rm_hub.registry import BUILTIN_REWARDS, reward_name
-from miles.utils.arguments import build_parser, parse_and_plan
+from miles.flags.arguments import build_parser, parse_and_plan
 
 BASE = ["--hf-checkpoint", "x", "--diffusion-model-family", "sd3", "--prompt-data", "p.jsonl", "--num-rollout", "1"]
 
