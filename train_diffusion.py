@@ -9,7 +9,7 @@ import sys
 from argparse import Namespace
 from typing import Sequence
 
-from miles.flags.arguments import parse_command_line
+from miles.plan.command_line import parse_command_line
 from miles.flags.batching import BatchPlan
 from miles.plan.memory_plan import build_memory_plan
 from miles.records import phases

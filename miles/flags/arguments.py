@@ -10,19 +10,20 @@ from __future__ import annotations
 import argparse
 import logging
 import re
-import sys
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 from miles.flags.batching import ITER_ORDERS, SPLIT_MODES, BatchPlan
 from miles.flags.capability_flags import add_capability_flags
 from miles.diffusion_facts.families import FAMILY_NAMES
-from miles.plan.memory_plan import MemoryPlanError, plan_and_check
+from miles.flags.value_types import (
+    any_float, any_int, fraction, non_negative_float, non_negative_int, positive_float, positive_int, unit_interval,
+)
 from miles.flags.public_flags import add_public_flags, normalize_public_values, unrecognized_message
 from miles.flags.validation import ConfigError, compute_batch_plan, validate_args
 
 __all__ = [
     "BatchPlan", "ConfigError", "build_parser", "compute_batch_plan", "parse_and_plan", "parse_args",
-    "parse_command_line", "validate_args", "validate_argv",
+    "validate_args", "validate_argv",
 ]
 
 logger = logging.getLogger(__name__)
@@ -36,75 +37,11 @@ WEIGHT_SYNC_MODES = ("bucketed", "object-store")
 NOT_FROM_CONFIG_FILE = ("custom_config_path", "validate_only", "help")
 
 
-# ---- value types: accept the string argparse hands over and the typed value YAML gives ----
-
-def _number(value: Any, kind: type) -> Any:
-    if isinstance(value, bool):
-        raise argparse.ArgumentTypeError(f"expected a number, got {value!r}")
-    try:
-        number = kind(value)
-    except (TypeError, ValueError):
-        raise argparse.ArgumentTypeError(f"expected {kind.__name__}, got {value!r}") from None
-    if kind is int and isinstance(value, float) and value != number:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {value!r}")
-    return number
-
+# ---- value types ----
 
 def _dashed(value: str) -> str:
     """`sample_major` (miles-diffusion's spelling) is `sample-major`."""
     return str(value).replace("_", "-")
-
-
-def positive_int(value: Any) -> int:
-    number = _number(value, int)
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value!r}")
-    return number
-
-
-def non_negative_int(value: Any) -> int:
-    number = _number(value, int)
-    if number < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value!r}")
-    return number
-
-
-def any_int(value: Any) -> int:
-    return _number(value, int)
-
-
-def any_float(value: Any) -> float:
-    return _number(value, float)
-
-
-def positive_float(value: Any) -> float:
-    number = _number(value, float)
-    if not number > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {value!r}")
-    return number
-
-
-def non_negative_float(value: Any) -> float:
-    number = _number(value, float)
-    if not number >= 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value!r}")
-    return number
-
-
-def unit_interval(value: Any) -> float:
-    """A value in [0, 1): Adam betas, EMA decay."""
-    number = _number(value, float)
-    if not 0.0 <= number < 1.0:
-        raise argparse.ArgumentTypeError(f"must be in [0, 1), got {value!r}")
-    return number
-
-
-def fraction(value: Any) -> float:
-    """A value in (0, 1]: a fraction of the denoising steps."""
-    number = _number(value, float)
-    if not 0.0 < number <= 1.0:
-        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {value!r}")
-    return number
 
 
 # ---- the parser ----
@@ -577,28 +514,3 @@ def parse_and_plan(argv: Sequence[str] | None = None) -> tuple[argparse.Namespac
 def validate_argv(argv: Sequence[str]) -> BatchPlan:
     """The harness's in-process check of a recipe's argv: the plan, or ConfigError."""
     return parse_and_plan(argv)[1]
-
-
-def parse_command_line(argv: Sequence[str] | None = None,
-                       preflight: Callable[[argparse.Namespace], None] | None = None,
-                       ) -> tuple[argparse.Namespace, BatchPlan]:
-    """train_diffusion.py's parse step: exits 0 after --help/--validate-only, 1 on a ConfigError.
-    `preflight(namespace)` (the caller's file checks) runs before --validate-only answers."""
-    try:
-        namespace, plan = parse_and_plan(argv)
-    except ConfigError as error:
-        print(f"train_diffusion.py: error: {error}", file=sys.stderr)
-        raise SystemExit(1) from None
-    try:
-        memory = plan_and_check(namespace, plan)
-    except MemoryPlanError as error:
-        print(plan.table())
-        print(f"train_diffusion.py: error: {error}", file=sys.stderr)
-        raise SystemExit(1) from None
-    if preflight is not None:
-        preflight(namespace)
-    if namespace.validate_only:
-        print(plan.table())
-        print(memory.table())
-        raise SystemExit(0)
-    return namespace, plan

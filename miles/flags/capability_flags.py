@@ -30,7 +30,7 @@ def step_list(value: str) -> list[int]:
 
 
 def reduce_dtype(word: str) -> str:
-    from miles.flags.public_flags import dtype_word
+    from miles.flags.value_types import dtype_word
 
     name = dtype_word(word)
     if name == "float16":
@@ -40,7 +40,7 @@ def reduce_dtype(word: str) -> str:
 
 
 def add_capability_flags(parser: argparse.ArgumentParser) -> None:
-    from miles.flags.arguments import non_negative_int, positive_int
+    from miles.flags.value_types import non_negative_int, positive_int
 
     g = parser.add_argument_group(
         "miles-diffusion capabilities", "flags of miles-diffusion's recipes with the same name and meaning here")

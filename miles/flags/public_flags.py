@@ -11,8 +11,8 @@ from __future__ import annotations
 import argparse
 from typing import Any, Callable, Sequence
 
-_DTYPE_WORDS = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32",
-                "float16": "float16", "bfloat16": "bfloat16", "float32": "float32"}
+from miles.flags.value_types import dtype_word
+
 
 _ENGINES = ("rollout runs in this project's own engines (miles.rollout.engine, placed by --rollout-num-gpus and "
             "--rollout-num-gpus-per-engine, in --rollout-dtype); drop the flag")
@@ -42,14 +42,14 @@ REFUSED_PREFIXES: dict[str, str] = {
 
 def refusal(flag: str) -> str | None:
     """Why `flag` is refused (what runs here instead), or None for a flag that is simply unknown."""
-    from miles.flags import flag_vocabulary
+    from miles.flags import foreign_flags
 
     name = flag.split("=", 1)[0]
-    why = flag_vocabulary.refusal(name)
+    why = foreign_flags.refusal(name)
     if why is not None:
         return why
-    if name in flag_vocabulary.NO_COUNTERPART:  # the launcher leaves these out of a job's argv
-        return f"{flag_vocabulary.NO_COUNTERPART[name]}; a launch script's copy is left out by the launcher"
+    if name in foreign_flags.NO_COUNTERPART:  # the launcher leaves these out of a job's argv
+        return f"{foreign_flags.NO_COUNTERPART[name]}; a launch script's copy is left out by the launcher"
     for prefix, why in REFUSED_PREFIXES.items():
         if name == prefix or (prefix.endswith("-") and name.startswith(prefix)):
             return why
@@ -94,17 +94,13 @@ class PublicName(argparse.Action):
             setattr(namespace, target, value)
 
 
-def dtype_word(word: str) -> str:
-    if word not in _DTYPE_WORDS:
-        raise argparse.ArgumentTypeError(f"invalid choice {word!r} (choose from fp16, bf16, fp32)")
-    return _DTYPE_WORDS[word]
 
 
 EVERY_STEP = -1  # `--diffusion-sde-window-size 0`, resolved to --diffusion-num-steps once both are parsed
 
 
 def _sde_window_size(value: str) -> int:
-    from miles.flags.arguments import non_negative_int
+    from miles.flags.value_types import non_negative_int
 
     # 0: no window, every step is an SDE step and trained -- explicitly all of them, since an unset
     # --diffusion-num-sde-steps means the reference's fraction of the steps (docs/algorithms.md)
@@ -125,7 +121,7 @@ def _sde_window_range(value: str) -> tuple[int, int]:
 
 def add_public_flags(parser: argparse.ArgumentParser) -> None:
     """miles-diffusion's names for flags we have, each setting ours."""
-    from miles.flags.arguments import non_negative_float, positive_int
+    from miles.flags.value_types import non_negative_float, positive_int
     from miles.flags.reward_names import rm_type
 
     g = parser.add_argument_group(
@@ -175,7 +171,7 @@ def normalize_public_values(namespace: argparse.Namespace) -> None:
     value = getattr(namespace, "eval_prompt_data", None)
     if isinstance(value, (list, tuple)):
         if len(value) > 2:
-            from miles.flags.validation import ConfigError
+            from miles.flags.batch_rules import ConfigError
 
             raise ConfigError(f"--eval-prompt-data {' '.join(value)}: one eval set here, as PATH or NAME PATH")
         namespace.eval_prompt_name = value[0] if len(value) == 2 else None

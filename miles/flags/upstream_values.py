@@ -46,7 +46,7 @@ def _exactly(expected: str, what: str) -> Callable[[str], str]:
 
 def _one_only(what: str) -> Callable[[str], int]:
     def check(value: str) -> int:
-        from miles.flags.arguments import positive_int
+        from miles.flags.value_types import positive_int
 
         number = positive_int(value)
         if number != 1:
@@ -56,7 +56,7 @@ def _one_only(what: str) -> Callable[[str], int]:
 
 
 def _single_shift(value: str) -> float:
-    from miles.flags.arguments import positive_float
+    from miles.flags.value_types import positive_float
 
     if "=" in value:
         raise argparse.ArgumentTypeError(f"{value!r}: a shift per stream (video, audio) has no counterpart here, "
@@ -73,8 +73,7 @@ def _lora_merge_mode(value: str) -> str:
 
 def add_upstream_aliases(alias: Callable[..., None]) -> None:
     """The value-mapped names, through public_flags' `alias(flag, targets, help, **kwargs)`."""
-    from miles.flags.arguments import non_negative_float, positive_float, positive_int
-    from miles.flags.public_flags import dtype_word
+    from miles.flags.value_types import dtype_word, non_negative_float, positive_float, positive_int
 
     alias("--diffusion-flow-shift", ("diffusion_shift",), type=positive_float, metavar="X",
           help="the sampling schedule's shift: --diffusion-shift")
@@ -142,7 +141,7 @@ def _resolve_window_range(ns: argparse.Namespace) -> None:
     window = getattr(ns, "diffusion_sde_window_range", None)
     if window is None:
         return
-    from miles.flags.validation import ConfigError
+    from miles.flags.batch_rules import ConfigError
 
     del ns.diffusion_sde_window_range  # what it says is in the min and max starts below
     lo, hi = window

@@ -10,7 +10,7 @@ from miles.backends.actor import TrainRank
 from miles.proxy_assets.checkpoint import ensure_checkpoint
 from miles.models.runtime import configure_torch
 from miles.proxy_assets.prompts import ensure_prompt_file
-from miles.flags.arguments import parse_command_line
+from miles.plan.command_line import parse_command_line
 from miles.flags.batch_rules import ConfigError
 
 

@@ -6,7 +6,7 @@ import torch
 from miles.backends.actor import TrainRank
 from miles.backends.sft import SFTBatch, SFTSource, pair_noise
 from miles.proxy_assets.prompts import ensure_sft_dataset
-from miles.flags.arguments import parse_command_line
+from miles.plan.command_line import parse_command_line
 from miles.flags.batching import Pair
 
 

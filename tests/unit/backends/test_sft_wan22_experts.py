@@ -8,7 +8,7 @@ from miles.backends.sft import SFTSource
 from miles.proxy_assets.checkpoint import ensure_checkpoint
 from miles.models.runtime import configure_torch
 from miles.proxy_assets.prompts import ensure_sft_dataset
-from miles.flags.arguments import parse_command_line
+from miles.plan.command_line import parse_command_line
 from miles.flags.batching import Pair
 
 

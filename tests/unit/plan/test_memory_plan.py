@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from miles.flags.arguments import ConfigError, parse_and_plan, parse_command_line
+from miles.flags.arguments import ConfigError, parse_and_plan
+from miles.plan.command_line import parse_command_line
 from miles.plan.memory_plan import (
     GIB, MemoryPlanError, build_memory_plan, model_facts, plan_and_check, read_checkpoint, safetensors_params,
 )
