@@ -40,7 +40,7 @@ def _fetch_if_nothing_launched() -> None:
     still run, as the process ends."""
     if _LAUNCHED or not _PENDING:
         return
-    from miles.launcher.released_assets import AssetMissingError
+    from miles.launcher.asset_errors import AssetMissingError
 
     try:
         run_deferred()

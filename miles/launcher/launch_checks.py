@@ -60,7 +60,7 @@ def parse_train_argv(argv: list[str]):
     """train_diffusion.py's parser and rules over `argv` in this process: (namespace, batch plan),
     or TrainArgvError with train_diffusion.py's own message."""
     from miles.flags.arguments import parse_and_plan
-    from miles.launcher.train_launch import TrainArgvError
+    from miles.launcher.launch_errors import TrainArgvError
 
     stderr = io.StringIO()
     try:
@@ -80,7 +80,7 @@ def check_before_fetch(argv: list[str], config: ExecuteTrainConfig, num_gpus_per
     from miles.launcher import preflight
     from miles.launcher.env_vars import master_addr
     from miles.launcher.multinode import LoopbackHeadError, check_head_address
-    from miles.launcher.train_launch import LaunchError
+    from miles.launcher.launch_errors import LaunchError
 
     _refuse_foreign_checkpoint(argv)
     ns, _ = parse_train_argv(argv)
@@ -102,7 +102,7 @@ def check_before_fetch(argv: list[str], config: ExecuteTrainConfig, num_gpus_per
 def _refuse_foreign_checkpoint(argv: list[str]) -> None:
     from miles.launcher.flags import flag_values
     from miles.launcher.released_assets import foreign_checkpoint
-    from miles.launcher.train_launch import LaunchError
+    from miles.launcher.launch_errors import LaunchError
 
     value = flag_values(argv).get("--hf-checkpoint", "")
     why = foreign_checkpoint(value) if value else None
@@ -116,7 +116,7 @@ def _check_layout_fits_this_machine(ns, num_gpus_per_node: int, cuda_visible_dev
     from miles.launcher.ray_cluster import (
         cpu_job_num_cpus, declared_gpus, layout_verdict, this_machine, visible_gpus,
     )
-    from miles.launcher.train_launch import LaunchError
+    from miles.launcher.launch_errors import LaunchError
 
     gpus = visible_gpus(cuda_visible_devices)
     verdict = layout_verdict(ns, this_machine(declared_gpus(num_gpus_per_node, gpus), cpu_job_num_cpus(num_gpus_per_node)))

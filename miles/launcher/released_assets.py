@@ -23,14 +23,11 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from miles.launcher.asset_errors import AssetMissingError  # noqa: F401 (raised here, caught by callers)
 from miles.launcher.launch_mode import is_dry_run
 from miles.launcher.processes import exec_command, write_text_atomically
 
 _SHA = re.compile(r"[0-9a-f]{40}")
-
-
-class AssetMissingError(RuntimeError):
-    """An asset is not in the cache and may not be fetched (offline); the message is one line."""
 
 
 class UnrunnableCheckpointError(RuntimeError):

@@ -74,6 +74,7 @@ from miles.launcher.ray_cluster import (
     wait_for_cluster_resources,
 )
 from miles.launcher.deferred_fetches import launching, run_deferred
+from miles.launcher.launch_errors import LaunchError, TrainArgvError  # noqa: F401 (ours to import too)
 from miles.launcher.launch_checks import (
     TrainScriptError,
     check_before_fetch,
@@ -99,14 +100,6 @@ class ClusterInfo:
     job_server_url: str
     gcs_address: str | None  # None for an external cluster
     run_dir: str
-
-
-class LaunchError(RuntimeError):
-    """A launch refused before anything started; the message says why and how to fix it."""
-
-
-class TrainArgvError(LaunchError):
-    """train_diffusion.py's own parser or rules reject the assembled argv."""
 
 
 @dataclass
