@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -117,3 +118,10 @@ def test_execute_train_takes_config_third_a_dict_of_env_vars_and_its_older_forms
 def test_create_run_id_is_unique_and_sortable():
     first, second = U.create_run_id(), U.create_run_id()
     assert first != second and len(first) == len(second) and first[:15] <= second[:15]
+
+
+def test_the_facade_holds_exactly_the_names_of_the_docs_table():
+    doc = (Path(U.__file__).parents[3] / "docs" / "launch-scripts.md").read_text()
+    table = doc[doc.index("`U`, miles-diffusion's current names"):doc.index("A real launch checks everything")]
+    assert sorted(U.__all__) == sorted(set(re.findall(r"`U\.(\w+)", table)))
+    assert not hasattr(U, "TrainJob") and not hasattr(U, "ensure_assets")  # the recipe API stays in the launcher
