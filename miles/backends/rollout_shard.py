@@ -54,7 +54,7 @@ def fetch_shard(refs: RolloutRefs, get: Callable[[list[Any]], list[Any]]) -> Rol
 def probed_outputs(args, plan, trained_steps: list[int]) -> dict[int, tuple[int, ...]]:
     """sample -> the steps whose engine model outputs the parity probe compares this rollout (on
     any rank); {} without --diffusion-debug-mode. Every other model output is never read."""
-    from miles.backends.actor import probe_limit, probed_micro_batches
+    from miles.backends.parity_probe import probe_limit, probed_micro_batches
 
     if not args.diffusion_debug_mode:
         return {}

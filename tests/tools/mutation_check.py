@@ -50,11 +50,11 @@ class Mutation:
 
 
 MUTATIONS = (
-    Mutation("--diffusion-clip-range", "miles/backends/actor.py", r"\bargs\.diffusion_clip_range\b", "0.2",
+    Mutation("--diffusion-clip-range", "miles/backends/train_step.py", r"\bargs\.diffusion_clip_range\b", "0.2",
              "clip range hard-coded to 0.2"),
-    Mutation("--diffusion-kl-beta", "miles/backends/actor.py", r"\bargs\.diffusion_kl_beta\b", "0.0",
+    Mutation("--diffusion-kl-beta", "miles/backends/train_step.py", r"\bargs\.diffusion_kl_beta\b", "0.0",
              "KL beta hard-coded to 0"),
-    Mutation("--diffusion-kl-reference", "miles/backends/actor.py", r"\b(?:self\.)?args\.diffusion_kl_reference\b",
+    Mutation("--diffusion-kl-reference", "miles/backends/train_step.py", r"\b(?:self\.)?args\.diffusion_kl_reference\b",
              '"lora_base"', "KL reference always the LoRA base"),
     Mutation("--use-ema", "miles/backends/actor.py", r"\bargs\.use_ema\b", "False", "the EMA never built"),
     Mutation("--ema-decay", "miles/backends/actor.py", r"\bargs\.ema_decay\b", "0.995", "EMA decay hard-coded to 0.995"),
@@ -64,9 +64,9 @@ MUTATIONS = (
              "--eval-num-prompts ignored (every eval prompt)"),
     Mutation("--weight-sync", "miles/ray/weight_sync_group.py", r"\bargs\.weight_sync\b", '"bucketed"',
              "--weight-sync ignored (always bucketed)"),
-    Mutation("--lr-decay-style", "miles/backends/actor.py", r"\bargs\.lr_decay_style\b", '"constant"',
+    Mutation("--lr-decay-style", "miles/backends/train_step.py", r"\bargs\.lr_decay_style\b", '"constant"',
              "LR decay style hard-coded to constant"),
-    Mutation("--min-lr", "miles/backends/actor.py", r"\bargs\.min_lr\b", "0.0", "--min-lr ignored (floor 0)"),
+    Mutation("--min-lr", "miles/backends/train_step.py", r"\bargs\.min_lr\b", "0.0", "--min-lr ignored (floor 0)"),
     Mutation("--num-epoch", "miles/backends/optimizer.py", r"\bargs\.num_epoch\b", "0",
              "LR schedule without a length under --num-epoch"),
     Mutation("--micro-batch-size", "miles/flags/batch_rules.py", r"\bns\.micro_batch_size\b(?!_)", "1",

@@ -6,7 +6,7 @@ import pytest
 
 from dtype_helpers import engine_for, one_rollout, tiny_args
 from rollout_helpers import as_a_rank_gets_it
-from miles.backends.actor import probe_limit, probed_extra_micro_batches
+from miles.backends.parity_probe import probe_limit, probed_extra_micro_batches
 from miles.backends.rollout_shard import probed_outputs
 from miles.flags.batching import rank_schedule
 from miles.flags.batch_rules import ConfigError

@@ -143,7 +143,7 @@ def test_a_samples_log_prob_does_not_depend_on_the_batch_it_is_computed_in(sde_t
 def test_the_sampler_and_the_trainer_step_through_the_host_step():
     # parity needs both sides to step on one device (sde_step_on_host): the engine in
     # sampler._denoise and the trainer in TrainRank._step must both call it
-    import miles.backends.actor as actor
+    import miles.backends.train_step as actor
     import miles.rollout.sampler as sampler
     from miles.rollout import sde
 
