@@ -84,7 +84,8 @@ from miles.launcher.recipe_options import (
 )
 from miles.launcher.ray_cluster import wait_for_cluster_resources
 from miles.launcher.train_job import TrainJob, colocated_job
-from miles.launcher.train_launch import ClusterInfo, LaunchError
+from miles.launcher.launch_run import ClusterInfo
+from miles.launcher.train_launch import LaunchError
 from miles.launcher.typer_utils import dataclass_cli, dataclass_cli_app, print_options_table
 
 __all__ = [

@@ -1,4 +1,4 @@
-from miles.launcher.train_launch import ClusterInfo, _call_hook
+from miles.launcher.launch_run import ClusterInfo, _call_hook
 
 CLUSTER = ClusterInfo(job_server_url="http://127.0.0.1:8265", gcs_address="127.0.0.1:6379", run_dir="/out/r1")
 
