@@ -1,7 +1,7 @@
 """All loss math of the trainer: advantages, Flow-GRPO policy loss, DiffusionNFT, SFT.
 
 Functions here are pure tensor math so they can be checked against hand-computed values; the
-train actor (`actor.py`) does the forwards that produce their inputs. Every per-pair quantity
+train step (`train_step.py`) does the forwards that produce their inputs. Every per-pair quantity
 is a [B] tensor over the pairs of one micro-batch; the caller weights each micro-batch's mean by
 its share of the optimizer step.
 """
