@@ -33,24 +33,12 @@ from ci.results import CaseResult  # noqa: E402
 from ci.runner import DEFAULT_GPU_WAIT, RunSettings, SuiteRunner  # noqa: E402
 from ci.scheduler import Plan, make_plan, wide_job_bound  # noqa: E402
 from ci.summary import RunFacts, duration, render, write_summary  # noqa: E402
+from miles.utils.cli_types import at_least  # noqa: E402
 
 DEFAULT_THRESHOLDS = REPO / "ci" / "thresholds.yaml"
 USAGE_ERROR = 2
 NODE_LOST_EXIT = 3  # nothing failed but cases whose node died (and were not rerun)
 RAY_ADDRESS_ENV = "MILES_CI_RAY_ADDRESS"
-
-
-def count(least: int):
-    """An argparse type: an int >= least, refused in one line naming the value otherwise."""
-    def parse(value: str) -> int:
-        try:
-            number = int(value)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
-        if number < least:
-            raise argparse.ArgumentTypeError(f"must be >= {least}, got {number}")
-        return number
-    return parse
 
 
 class OneLineErrorParser(argparse.ArgumentParser):
@@ -74,8 +62,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help='take cases from this file ([{"name", "gpus", "est_time", ...}]) '
                         "instead of collecting them from the harness")
     p.add_argument("--tests", default="tests/e2e", help="where the harness's cases live")
-    p.add_argument("--gpus", type=count(1), help="node size (default: CUDA_VISIBLE_DEVICES, else NVML)")
-    p.add_argument("--cpu-jobs", type=count(1), default=2, help="CPU-only cases run at once")
+    p.add_argument("--gpus", type=at_least(1), help="node size (default: CUDA_VISIBLE_DEVICES, else NVML)")
+    p.add_argument("--cpu-jobs", type=at_least(1), default=2, help="CPU-only cases run at once")
     p.add_argument("--plan", action="store_true",
                    help="print the schedule, run nothing; contacts no cluster (with --ray-address: plans "
                         "on --gpus N)")
@@ -86,7 +74,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--history-db", type=Path, help="SQLite history for the speed and memory gate")
     p.add_argument("--thresholds", type=Path, default=DEFAULT_THRESHOLDS,
                    help="gate thresholds, defaults and per test (YAML)")
-    p.add_argument("--search-iterations", type=count(0), default=1500,
+    p.add_argument("--search-iterations", type=at_least(0), default=1500,
                    help="local-search steps spent improving the packing")
     p.add_argument("--gpu-wait", type=float, default=DEFAULT_GPU_WAIT,
                    help="seconds a GPU case's lease may wait for its GPUs to show free (0: off)")
@@ -98,9 +86,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--ray-working-dir", type=Path,
                    help="upload this directory to the nodes as the cases' working dir, "
                         "instead of finding the repository at --workdir on each node")
-    p.add_argument("--retry-lost", type=count(0), default=0,
+    p.add_argument("--retry-lost", type=at_least(0), default=0,
                    help="Ray mode: rerun a case this many times when its node dies under it")
-    p.add_argument("--gpu-shares", type=count(1), default=1,
+    p.add_argument("--gpu-shares", type=at_least(1), default=1,
                    help="split each GPU into this many shares and pack one-GPU cases that state "
                         "their gpu_memory_gib onto them by memory (several cases on one device; "
                         "one GPU on a single node)")

@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from miles.utils.cli_types import at_least
+
 if TYPE_CHECKING:  # torch, PIL and the engine load after parsing: --help answers at once
     import torch
     from PIL import Image
@@ -38,21 +40,8 @@ def image_grid(images: list[torch.Tensor], columns: int | None = None) -> Image.
     return Image.fromarray(pixels)
 
 
-def at_least(least: int, multiple: int = 1):
-    """An argparse type: an int >= least (and a multiple of `multiple`), else one line naming it."""
-    def parse(value: str) -> int:
-        try:
-            number = int(value)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
-        if number < least:
-            raise argparse.ArgumentTypeError(f"must be >= {least}, got {number}")
-        if number % multiple:
-            raise argparse.ArgumentTypeError(f"must be a multiple of {multiple} (the VAE's 8x downsampling times "
-                                             f"the transformer's 2x2 patch), got {number}; fix: use "
-                                             f"{max(multiple, number - number % multiple)}")
-        return number
-    return parse
+def _pixels(value: str) -> int:
+    return at_least(16, 16, "the VAE's 8x downsampling times the transformer's 2x2 patch")(value)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -64,8 +53,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", required=True)
     p.add_argument("--family", default=None, help="default: from the checkpoint")
     p.add_argument("--num-steps", type=at_least(1), default=10)
-    p.add_argument("--height", type=at_least(16, 16), default=64)
-    p.add_argument("--width", type=at_least(16, 16), default=64)
+    p.add_argument("--height", type=_pixels, default=64)
+    p.add_argument("--width", type=_pixels, default=64)
     p.add_argument("--num-frames", type=at_least(1), default=None, help="video families; default 5")
     p.add_argument("--guidance-scale", type=float, default=4.0)
     p.add_argument("--guidance-scale-2", type=float, default=None, help="Wan2.2's low-noise expert (required there)")
