@@ -107,8 +107,12 @@ def check_script_counts(options) -> None:
         if f.name.endswith("seed") and value < 0:
             raise ScriptOptionError(f"{flag}: must be >= 0 (a seed), got {flag} {value}; fix: pick a seed >= 0")
         counts = f.name.startswith("num_") or f.name.endswith(("_ranks", "_gpus", "_nodes"))
-        if counts and value < 1 and f.name != "num_gpus_per_node":
-            raise ScriptOptionError(f"{flag}: must be >= 1, got {flag} {value}; fix: give {flag} 1 or more")
+        # a script whose own default is 0 means "0 picks my default" (miles-diffusion's NFT
+        # scripts: `num_rollout: int = 0`, then `args.num_rollout or 100`): 0 is its value there
+        least = 0 if f.default == 0 else 1
+        if counts and value < least and f.name != "num_gpus_per_node":
+            raise ScriptOptionError(f"{flag}: must be >= {least}, got {flag} {value}; "
+                                    f"fix: give {flag} {least} or more")
 
 
 @dataclass
