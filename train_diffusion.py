@@ -137,12 +137,10 @@ def train(args: Namespace, plan: BatchPlan) -> int:
     placement, pg = place_run(args)  # waits for --num-nodes nodes; refuses a layout they can never hold
     try:
         _train_placed(args, plan, placement, pg, runtime_env, loading)
-    except BaseException:
-        # a driver process that exits frees its group with it; an in-process caller (the tests, a
-        # notebook) keeps its Ray connection, and the group's CPUs would starve the next run
+    finally:
+        # also on failure: a driver process that exits frees its group with it, but an in-process
+        # caller (the tests, a notebook) keeps its Ray connection, and the group's CPUs would starve the next run
         ray.util.remove_placement_group(pg)
-        raise
-    ray.util.remove_placement_group(pg)
     phases.mark("driver_end")
     if owns_ray:
         # now: left to the interpreter's exit it took 0.5 s longer (1.15 s against 0.68 s, measured),
