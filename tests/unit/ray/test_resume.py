@@ -3,7 +3,11 @@ the data order restored from the checkpoint (said in one line), the same wandb r
 uninterrupted run keeps only its newest checkpoint (--keep-last 1).
 
 Two rollouts, a checkpoint after each, are enough: the kill lands after rollout 0's checkpoint and
-before rollout 1's (which ends the run), so the resumed attempt loads rollout 0 (weights, AdamW
+before rollout 1's (which ends the run). A tiny rollout takes under a second and both saves run in
+the background, so a kill timed off rollout 0's checkpoint alone can land after the run has ended;
+`--debug-fault slow-save@1` holds rollout 1's save open for 60 s instead, which pins the kill
+between the two checkpoints on any machine (the fault fires once per run dir, so the resumed attempt
+saves at full speed). Then the resumed attempt loads rollout 0 (weights, AdamW
 moments after one step, data order) and its one step must land on the uninterrupted run's bits;
 a state the checkpoint lost or the load skipped shows in rollout 1's metrics or final weights."""
 
@@ -44,7 +48,7 @@ def test_killed_run_resumes_at_the_next_rollout_and_ends_like_an_uninterrupted_o
     assert train_diffusion.main(tiny_argv(whole, f"{FLAGS} --save {whole}/ckpt --keep-last 1")) == 0
     assert sorted(p.name for p in (whole / "ckpt").iterdir()) == ["latest", "rollout_000001"]
 
-    argv = tiny_argv(killed, f"{FLAGS} --save {killed}/ckpt --use-wandb --wandb-mode offline")
+    argv = tiny_argv(killed, f"{FLAGS} --save {killed}/ckpt --use-wandb --wandb-mode offline --debug-fault slow-save@1")
     proc = launch(argv, ray_cluster, tmp_path / "first.log")
     deadline = time.monotonic() + 900
     while latest_checkpoint(killed / "ckpt") is None:
