@@ -1,6 +1,10 @@
 # Registers the recipe test harness for this repository. Other repositories load it with
 # `pytest -p miles.testing`.
-from miles.utils.numerics import pin_this_process
+import os
+
+import pytest
+
+from miles.utils.numerics import PINNED_ENV, pin_this_process
 
 # The tests' own processes compute too (in-process forwards, bf16 matmuls, checkpoints): they get
 # the same pinned numerics as every run (docs/testing.md, "Portable verdicts"), before any test
@@ -8,3 +12,15 @@ from miles.utils.numerics import pin_this_process
 pin_this_process()
 
 pytest_plugins = ["miles.testing"]
+
+
+@pytest.fixture(autouse=True)
+def pinned_environment_kept():
+    """The pins stay in this process's environment whatever a test runs in it. An in-process
+    `train_diffusion.main()` of a GPU command unpins os.environ, as a GPU run's driver must; a Ray
+    cluster this worker started afterwards then gave its actors AVX-512 kernels on an AVX-512 host
+    while the tests' own process computed with AVX2, and an actor-vs-local bit comparison failed."""
+    yield
+    for name, value in PINNED_ENV.items():
+        if os.environ.get(name) != value:
+            os.environ[name] = value

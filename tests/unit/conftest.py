@@ -13,6 +13,7 @@ from miles.launcher.ray_auth import (
     write_fresh_token,
 )
 from miles.launcher.ray_cluster import NO_PRESTARTED_WORKERS_ENV
+from miles.utils.numerics import pinned_env
 
 
 # Modules whose tests mostly wait on Ray heads of their own (started, submitted to, ended): run
@@ -41,7 +42,8 @@ def _start_local_ray():
     # the tests' drivers and actors carry runtime envs of their own, so two idle workers a start were waste
     with mock.patch.dict(os.environ, NO_PRESTARTED_WORKERS_ENV):
         ray.init(num_cpus=2, include_dashboard=False, _temp_dir=temp_dir, log_to_driver=False,
-                 runtime_env={"env_vars": {"PYTHONPATH": os.getcwd(), "OMP_NUM_THREADS": "1"}})
+                 # the pins named, not inherited: the actors compute as the tests' own process does
+                 runtime_env={"env_vars": {"PYTHONPATH": os.getcwd(), **pinned_env()}})
     return ray, temp_dir, saved_auth
 
 

@@ -65,6 +65,22 @@ def test_cpu_engines_ask_ray_for_a_fraction_of_a_cpu_and_gpu_engines_for_their_g
     assert engine_actor_options(_args(checkpoint(), device="cuda", rollout_num_gpus_per_engine=2))["num_gpus"] == 2
 
 
+def test_the_local_clusters_actors_run_the_pinned_kernels_this_process_runs(local_ray):
+    """The comparison below is bit for bit: the actor must get the pins even if a test before it
+    unpinned this worker's environment (an in-process GPU command does) before its cluster started."""
+    from miles.utils.numerics import PINNED_ENV
+
+    def numerics():
+        import os
+
+        import torch as torch_here
+        from miles.utils.numerics import PINNED_ENV as names
+        return {name: os.environ.get(name) for name in names}, torch_here.backends.cpu.get_cpu_capability()
+
+    theirs = local_ray.get(local_ray.remote(numerics).options(num_cpus=0.25).remote())
+    assert theirs == numerics() and theirs[0] == PINNED_ENV
+
+
 def test_ray_actor_engine_returns_the_same_trajectories_as_a_local_engine_and_stores_what_a_run_reads(
         checkpoint, local_ray):
     ray = local_ray
