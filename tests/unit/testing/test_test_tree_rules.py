@@ -80,7 +80,7 @@ def test_committed_standard_pins_something_and_says_what_it_was_recorded_on(path
     standard = json.loads(path.read_text())
     assert constant_series(standard) == []
     fingerprint = standard.get("fingerprint") or {}
-    for key in ("cpu_isa", "torch_cpu_capability", "numerics", "torch_threads", "packages"):
+    for key in ("cpu_isa", "cpu_vendor", "torch_cpu_capability", "numerics", "torch_threads", "packages"):
         assert fingerprint.get(key), f"{path.name}: fingerprint lacks {key}"
     assert fingerprint["packages"].get("torch"), path.name
 
