@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from miles.utils.numerics import PINNED_ENV, pin_this_process
+from miles.utils.numerics import pin_environ, pin_this_process
 
 # The tests' own processes compute too (in-process forwards, bf16 matmuls, checkpoints): they get
 # the same pinned numerics as every run (docs/testing.md, "Portable verdicts"), before any test
@@ -21,6 +21,4 @@ def pinned_environment_kept():
     cluster this worker started afterwards then gave its actors AVX-512 kernels on an AVX-512 host
     while the tests' own process computed with AVX2, and an actor-vs-local bit comparison failed."""
     yield
-    for name, value in PINNED_ENV.items():
-        if os.environ.get(name) != value:
-            os.environ[name] = value
+    pin_environ(os.environ)

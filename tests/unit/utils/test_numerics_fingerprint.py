@@ -11,7 +11,7 @@ def test_the_fingerprint_carries_the_vendor_this_cpu_reports():
 
 
 def test_another_vendor_is_named_as_an_environment_change():
-    intel = fingerprint()
-    amd = {**intel, "cpu_vendor": "AuthenticAMD" if intel["cpu_vendor"] != "AuthenticAMD" else "GenuineIntel"}
-    assert fingerprint_changes(intel, dict(intel)) == []
-    assert fingerprint_changes(intel, amd) == [f"CPU vendor {intel['cpu_vendor']} -> {amd['cpu_vendor']}"]
+    here = fingerprint()
+    other = {**here, "cpu_vendor": "AuthenticAMD" if here["cpu_vendor"] != "AuthenticAMD" else "GenuineIntel"}
+    assert fingerprint_changes(here, dict(here)) == []
+    assert fingerprint_changes(here, other) == [f"CPU vendor {here['cpu_vendor']} -> {other['cpu_vendor']}"]
