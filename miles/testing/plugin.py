@@ -46,7 +46,12 @@ MARKERS = {
                  "`pytest` only those in the `cpu` suite; `-m rehearsal`, `-k rehearsal` or --miles-rehearsal all",
     "faults": "fault-injection suite (docs/faults.md): deselected unless `-m faults` (or an -m naming it) "
               "or --miles-faults is given",
+    "slow": "an integration test of tens of seconds on 2 CPUs that goes deeper into what a faster test of the "
+            "README's command already proves (docs/testing.md, \"Slow tests\"): deselected unless `-m slow` (or an "
+            "-m naming it) or --miles-slow is given; the nightly CPU suite runs them",
 }
+# markers whose tests a plain `pytest` leaves out (reported as deselected), each with its option
+_OPT_IN_MARKERS = {"faults": "--miles-faults", "slow": "--miles-slow"}
 
 
 # -- options and markers ----------------------------------------------------------------
@@ -68,6 +73,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--miles-faults", action="store_true", default=False,
                     help="also run the fault-injection suite (tests marked `faults`; several minutes on 2 CPUs); "
                          "`-m faults` runs it alone")
+    group.addoption("--miles-slow", action="store_true", default=False,
+                    help="also run the slow integration tests (tests marked `slow`; about 10 minutes on 2 CPUs); "
+                         "`-m slow` runs them alone")
     group.addoption("--miles-rehearsal", action="store_true", default=False,
                     help="run every recipe's rehearsal case (tests marked `rehearsal`), not only those of the "
                          "default run")
@@ -87,7 +95,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    _deselect_faults_unless_asked(config, items)
+    for marker, option in _OPT_IN_MARKERS.items():
+        _deselect_marked_unless_asked(config, items, marker, option)
     _deselect_nightly_rehearsals_unless_asked(config, items)
     wait = config.getoption("--miles-gpu-wait") or 0.0
     if not wait:
@@ -98,17 +107,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.timeout(case.pytest_timeout() + wait))
 
 
-def _deselect_faults_unless_asked(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The fault suite takes minutes: a plain `pytest` leaves it out (reported as deselected);
-    `-m` naming `faults`, or --miles-faults, keeps it. Other markers' selection is untouched."""
-    if config.getoption("--miles-faults", False) or "faults" in (config.getoption("markexpr", "") or ""):
+def _deselect_marked_unless_asked(config: pytest.Config, items: list[pytest.Item], marker: str, option: str) -> None:
+    """The fault suite and the slow tests take minutes: a plain `pytest` leaves them out (reported as
+    deselected); `-m` naming the marker, or its option, keeps them. Other markers' selection is untouched."""
+    if config.getoption(option, False) or marker in (config.getoption("markexpr", "") or ""):
         return
+    named = _files_named(config)  # `pytest tests/unit/ray/test_resume.py` asks for its slow test
     keep, drop = [], []
     for item in items:
-        (drop if item.get_closest_marker("faults") is not None else keep).append(item)
+        unasked = item.get_closest_marker(marker) is not None and not (named and item.path.resolve() in named)
+        (drop if unasked else keep).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
+
+
+def _files_named(config: pytest.Config) -> set[Path]:
+    """The test files the command line names, alone or in a node id (not a folder's files)."""
+    paths = (Path(config.invocation_params.dir, str(arg).split("::")[0]) for arg in config.args)
+    return {path.resolve() for path in paths if path.is_file()}
 
 
 def _deselect_nightly_rehearsals_unless_asked(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 import torch.multiprocessing as mp
 
 from export_runs import export, fsdp_ranks, make_run, train_argv, write_run_records
@@ -18,6 +20,7 @@ def files_of(folder: Path) -> dict[str, bytes]:
             if p.is_file() and p.name not in ("README.md", MARKER)}  # both name the checkpoint's own path
 
 
+@pytest.mark.slow  # the export of a data-parallel checkpoint and the sharded save/load stay in the README's command
 def test_fsdp_shards_from_two_ranks_export_to_the_bytes_of_the_dp_checkpoint(tmp_path, tiny_checkpoint):
     """One test (one spawn of 2 ranks): a full fine-tune (in shards of 300KB) and a LoRA, their
     trained weights and their EMA shadows, each exported from both checkpoints."""

@@ -256,6 +256,7 @@ def test_train_role_waits_for_a_worker_node_a_failed_job_exits_non_zero_and_no_s
         _end_everything(procs, [(out, HEAD_ROLE), (worker_out, WORKER_ROLE)])
 
 
+@pytest.mark.slow  # a launcher-started head to exit 0: the tiny recipe's CPU case (own head) in the README's command
 @pytest.mark.timeout(300)
 def test_successful_job_exits_0_key_reaches_job_its_workers_run_at_normal_priority_and_cluster_is_ended(tmp_path):
     """Also: tokens an earlier Ray left in ~/.ray and the shell (a temporary HOME) break nothing: the
@@ -303,6 +304,7 @@ def test_successful_job_exits_0_key_reaches_job_its_workers_run_at_normal_priori
         _end_everything([train], [(out, HEAD_ROLE)])
 
 
+@pytest.mark.slow  # an external launch: every shared-cluster CPU case and the multinode rehearsal in the README's command
 @pytest.mark.timeout(400)
 def test_an_external_launch_only_submits_into_a_running_cluster_and_sigterm_to_its_owner_ends_it(tmp_path, train_script):
     """Two launchers on one head (a head costs seconds of CPU to start and to stop): the owner

@@ -21,6 +21,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from safetensors.torch import load_file
 
 from miles.backends.checkpoint import latest_checkpoint
@@ -39,6 +41,7 @@ def finish(proc: subprocess.Popen, log: Path) -> None:
     assert proc.wait(timeout=900) == 0, log.read_text()[-3000:]
 
 
+@pytest.mark.slow  # the README's command proves a bit-exact resume one level down: tests/unit/backends/test_fsdp.py
 def test_killed_run_resumes_at_the_next_rollout_and_ends_like_an_uninterrupted_one(ray_cluster, tiny_argv, tmp_path):
     whole, killed = tmp_path / "whole", tmp_path / "killed"
     import train_diffusion

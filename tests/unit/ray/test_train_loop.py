@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 import ray
 
 from safetensors.torch import load_file
@@ -35,6 +37,7 @@ def weight_syncs(run_dir) -> list[dict]:
     return [r for r in rows if "perf/weight_sync_time" in r]
 
 
+@pytest.mark.slow  # the README's command runs this backend end to end: the Wan2.2 multinode recipe's -cpu-rehearsal-fsdp
 def test_two_sharded_offloaded_rank_runs_keep_parity_exact_repeat_bit_for_bit_and_eval_on_their_interval(
         ray_cluster, tiny_argv, tmp_path):
     """FSDP2 over the 2 ranks, both sides offloaded between their phases, weights gathered per
@@ -81,6 +84,7 @@ def test_two_sharded_offloaded_rank_runs_keep_parity_exact_repeat_bit_for_bit_an
         assert (tmp_path / "a" / name).exists(), name
 
 
+@pytest.mark.slow  # a stale push breaking parity: test_stop_on_parity_drift_...; LoRA pushes at 0.0: the LoRA recipes' CPU cases
 def test_lora_parity_is_exact_when_synced_and_a_skipped_weight_push_breaks_it(ray_cluster, tiny_argv, tmp_path):
     rows = run(tiny_argv, tmp_path, f"{RANKS[1]} --num-rollout 3 --use-lora --lora-rank 4 "
                                     "--debug-skip-weight-update-at 0")
@@ -116,6 +120,7 @@ def test_stop_on_parity_drift_ends_the_run_at_the_first_off_policy_rollout_namin
     assert all("lora_" in n for n in named.split("; ") if n != "...")  # only the stale adapters differ
 
 
+@pytest.mark.slow  # parity across every optimizer step of the CPU recipe cases stays in the README's command
 def test_skipped_optimizer_steps_keep_parity(ray_cluster, tiny_argv, tmp_path):
     rows = run(tiny_argv, tmp_path, f"{RANKS[1]} --num-rollout 2 --debug-skip-optimizer-step "
                                     "--weight-sync object-store --eval-interval 2 --eval-num-prompts 1 "

@@ -11,6 +11,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from miles.replay.doc_table import repo_root
 
 REPO = repo_root()
@@ -35,6 +37,7 @@ print(json.dumps([runs[0], runs[2]]))
 """
 
 
+@pytest.mark.slow  # every recipe's replay against the committed table stays in the README's command
 def test_a_replay_measures_the_same_first_in_a_process_and_after_other_replays():
     out = subprocess.run([sys.executable, "-c", _SCRIPT], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]

@@ -8,6 +8,8 @@ from __future__ import annotations
 import importlib
 import sys
 
+import pytest
+
 from miles.replay.doc_table import repo_root
 from miles.replay.report import replay_recipe
 
@@ -22,6 +24,7 @@ def _old_load_models():
         sys.path.pop(0)
 
 
+@pytest.mark.slow  # a ten-second Qwen-Image full replay guarding a load order long gone
 def test_the_old_load_order_is_refused_for_qwen_image_full_at_setup(monkeypatch):
     from miles.backends.actor import TrainRank
 

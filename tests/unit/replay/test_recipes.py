@@ -22,6 +22,8 @@ KNOWN: dict[tuple[str, str], str] = {}
 def _param(recipe: str, scale: str):
     reason = KNOWN.get((recipe, scale))
     marks = [pytest.mark.xfail(raises=ReplayFailure, strict=True, reason=reason)] if reason else []
+    if scale != "full":  # a GPU proxy runs only in the nightly GPU suite: its replay goes nightly with it
+        marks.append(pytest.mark.slow)
     return pytest.param(recipe, scale, marks=marks, id=f"{Path(recipe).stem}-{scale}")
 
 

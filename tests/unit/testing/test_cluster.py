@@ -17,6 +17,7 @@ def test_free_ports_are_distinct():
     assert len(set(ports)) == 8
 
 
+@pytest.mark.slow  # the multinode rehearsal starts and ends this cluster in the README's command (runner checks for leftovers)
 def test_two_node_cluster_starts_reports_both_nodes_and_leaves_nothing_behind(tmp_path):
     """Nothing behind includes what Ray starts without our token (the dashboard's module processes,
     each raylet's dashboard agent): an agent left alive once its raylet was gone spun for minutes

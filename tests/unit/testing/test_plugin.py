@@ -92,6 +92,26 @@ def test_markers_are_registered_so_strict_markers_accepts_them(pytester):
     markers.stdout.fnmatch_lines(["*gpu(n)*", "*nightly*"])
 
 
+def test_slow_and_fault_tests_run_only_when_their_marker_option_or_file_is_named(pytester):
+    pytester.makepyfile(test_mixed=textwrap.dedent('''
+        import pytest
+        def test_fast():
+            pass
+        @pytest.mark.slow
+        def test_deep():
+            pass
+        @pytest.mark.faults
+        def test_fault():
+            pass
+    '''))
+    plain = _inner(pytester, "-p", "no:cacheprovider", ".")
+    plain.assert_outcomes(passed=1, deselected=2)
+    _inner(pytester, "-p", "no:cacheprovider", "-m", "slow").assert_outcomes(passed=1, deselected=2)
+    _inner(pytester, "-p", "no:cacheprovider", "--miles-slow", ".").assert_outcomes(passed=2, deselected=1)
+    # a file named on the command line is asked for whole, as a node id is
+    _inner(pytester, "-p", "no:cacheprovider", "test_mixed.py").assert_outcomes(passed=3)
+
+
 def test_cases_json_lists_every_collected_case_for_ci(pytester, tmp_path):
     scratch_repo(pytester, GOOD_RECIPE)
     out = tmp_path / "cases.json"
