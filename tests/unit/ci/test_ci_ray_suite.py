@@ -192,6 +192,7 @@ def test_a_forty_case_suite_packs_onto_two_nodes_of_logical_gpus(cluster, tmp_pa
     assert len(logs) == len(entries) and all("done" in p.read_text() for p in logs)
 
 
+@pytest.mark.slow  # shares without a cluster: test_ci_gpu_shares.py; the Ray dispatch: test_ci_cluster_dispatch.py
 def test_cases_on_shares_of_a_gpu_run_at_once_and_get_the_runners_variables(cluster, tmp_path, monkeypatch):
     """--gpu-shares on a cluster: each case is a task holding a fraction of one GPU, so three
     cases of 2 GiB on 10 GiB GPUs all run at once on one device each; --case-env carries a
@@ -211,7 +212,7 @@ def test_cases_on_shares_of_a_gpu_run_at_once_and_get_the_runners_variables(clus
 
 
 # In the fault suite (docs/faults.md): it needs a third node and kills two, about 40 s and two node
-# starts. The default suite keeps the cheaper node-loss check below (a multi-node case's peer dies).
+# starts. The cheaper node-loss check below (a multi-node case's peer dies) runs with the slow tests.
 @pytest.mark.faults
 def test_a_dead_node_fails_only_its_cases_and_retry_reruns_them_elsewhere(cluster, tmp_path):
     # without retry: the killer's node takes its neighbours with it, the other nodes' pass
@@ -253,7 +254,7 @@ def test_a_dead_node_fails_only_its_cases_and_retry_reruns_them_elsewhere(cluste
     assert junit_problems(out / "junit.xml") == []
 
 
-@pytest.mark.slow  # a fault: a dead node's cases failing and retried elsewhere stays (test_a_dead_node_...)
+@pytest.mark.slow  # a lost node's cases requeued: test_ci_cluster_dispatch.py; real node deaths: the fault suite
 def test_a_multi_node_case_whose_second_node_dies_is_lost_and_ended(cluster, tmp_path):
     # the lead's own node lives on; the node holding the other bundle dies under it
     cluster.ensure_gpu_nodes(2)
