@@ -101,9 +101,7 @@ def submit_and_follow(request: JobRequest, log_path: Path | None = None, secrets
 
     # the cluster's token as a header (ray_auth): a token in ~/.ray or the shell never decides it
     client = JobSubmissionClient(request.address, headers=headers_for(request.address))
-    job_id = client.submit_job(
-        entrypoint=request.entrypoint, runtime_env=request.runtime_env, submission_id=request.submission_id
-    )
+    job_id = submit_when_an_agent_is_up(client, request)
     output = _JobOutput(log_path, list(secrets))
     try:
         asyncio.run(_follow_until_ended(client, job_id, output))
@@ -121,6 +119,27 @@ def submit_and_follow(request: JobRequest, log_path: Path | None = None, secrets
         return INTERRUPTED_EXIT_CODE
     finally:
         output.close()
+
+
+# Ray's job server answers this while no node's job agent has registered yet: a head that just
+# came up on a loaded machine (seen: a 2-core machine under a full test suite). No job is made, so
+# the same submission id may be sent again.
+_NO_AGENT_YET = "No available agent to submit job"
+
+
+def submit_when_an_agent_is_up(client, request: JobRequest, wait_s: float = 120.0, poll_s: float = 1.0,
+                               clock=time.monotonic, sleep=time.sleep) -> str:
+    """`client.submit_job(...)`, sent again while the job server says it has no agent yet, for up
+    to `wait_s`; any other refusal, or that one past the wait, is raised as it came."""
+    deadline = clock() + wait_s
+    while True:
+        try:
+            return client.submit_job(entrypoint=request.entrypoint, runtime_env=request.runtime_env,
+                                     submission_id=request.submission_id)
+        except RuntimeError as err:
+            if _NO_AGENT_YET not in str(err) or clock() >= deadline:
+                raise
+        sleep(poll_s)
 
 
 async def _follow_until_ended(client, job_id: str, output: _JobOutput, poll_s: float = 0.2) -> None:
