@@ -118,6 +118,11 @@ def test_stop_on_parity_drift_ends_the_run_at_the_first_off_policy_rollout_namin
     assert "trains off-policy" in cause and "lora_B" in cause and "bfloat16" not in cause
     named = cause.split("engine): ")[1].split("; fix")[0]
     assert all("lora_" in n for n in named.split("; ") if n != "...")  # only the stale adapters differ
+    # the push that was made went through the rank's IPC buffer (the colocated default), staged once
+    # by the rank and never by the engine
+    syncs = weight_syncs(tmp_path)
+    assert syncs and all(s["perf/weight_sync_ipc"] == 1.0 and s["perf/weight_sync_engine_staging_bytes"] == 0
+                         for s in syncs)
 
 
 @pytest.mark.slow  # parity across every optimizer step of the CPU recipe cases stays in the README's command
