@@ -15,6 +15,7 @@ from miles.testing.cluster import LocalRayCluster
 from miles.testing.dry import DryCheckFailure, run_dry, start_dry
 from miles.testing.idle import IdleEnded, end_idle_services
 from miles.testing.invariants import check_run as run_invariants
+from miles.testing.order import spread_long
 from miles.testing.leases import DEFAULT_LOCK_DIR, DEFAULT_MAX_USED_MIB, NoNvml, NotEnoughGpus, lease_gpus
 from miles.testing.runner import RecipeRun, new_token, run_recipe as _run_recipe, write_result_record
 from miles.testing.snapshot import PlanSnapshotAssertion, plan_snapshot_from
@@ -94,10 +95,15 @@ def pytest_configure(config: pytest.Config) -> None:
         config.option.disable_unused_snapshots = True
 
 
+@pytest.hookimpl(trylast=True)  # the order is set after a conftest's own (tests/unit/conftest.py)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for marker, option in _OPT_IN_MARKERS.items():
         _deselect_marked_unless_asked(config, items, marker, option)
     _deselect_nightly_rehearsals_unless_asked(config, items)
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # every worker computes the same order, as xdist requires (miles.testing.order). GPU cases
+        # stay where they are: ci/run_suite.py gives each its own pytest, packed by its est_time
+        items[:] = spread_long(items, _cpu_run_seconds)
     wait = config.getoption("--miles-gpu-wait") or 0.0
     if not wait:
         return
@@ -105,6 +111,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         case = case_of(item)
         if case is not None and case.gpus:
             item.add_marker(pytest.mark.timeout(case.pytest_timeout() + wait))
+
+
+def _cpu_run_seconds(item: pytest.Item) -> float:
+    case = case_of(item)
+    return case.est_time if case is not None and case.tier == "cpu" else 0.0
 
 
 def _deselect_marked_unless_asked(config: pytest.Config, items: list[pytest.Item], marker: str, option: str) -> None:

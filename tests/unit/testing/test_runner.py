@@ -61,9 +61,12 @@ def test_failed_run_reports_exit_code(tmp_path):
 def test_token_scan_finds_only_processes_carrying_the_token():
     token = new_token()
     env = dict(os.environ, **{TOKEN_ENV: token})
-    marked = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env, start_new_session=True)
-    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    sleeper = "import time; print('up', flush=True); time.sleep(60)"
+    marked = subprocess.Popen([sys.executable, "-c", sleeper], env=env, start_new_session=True, stdout=subprocess.PIPE)
+    other = subprocess.Popen([sys.executable, "-c", sleeper], start_new_session=True, stdout=subprocess.PIPE)
     try:
+        # until the child has exec'd, /proc/<pid>/environ is still the parent's, without the token
+        assert marked.stdout.readline() == b"up\n" and other.stdout.readline() == b"up\n"
         assert token_pids(token) == [marked.pid]
         ended, survivors = end_processes(token, grace=2, reap=[marked])
         assert survivors == [] and len(ended) == 1
