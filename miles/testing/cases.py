@@ -26,6 +26,18 @@ REHEARSAL = "rehearsal"  # the variant, marker and -k word of the rehearsal case
 NIGHTLY_CPU = "nightly-cpu"  # the suite that runs every rehearsal case
 # Ray's placement-group strategies, for a case whose GPUs span several nodes of a cluster
 PLACEMENTS = ("STRICT_SPREAD", "SPREAD", "STRICT_PACK", "PACK")
+# Under `pytest -n N --dist loadgroup` (the project's addopts) the CPU tier's real runs share one
+# xdist worker, one after another, while the other workers take the rest of the suite test by test.
+# A run is half a dozen busy processes; two side by side on a 2-core machine only slow each other.
+# Left to xdist's `load` chunks they all fell to one worker anyway, and the other ran out of tests
+# 116 s before it (a 548 s suite).
+RECIPE_RUNS_GROUP = "recipe-runs"
+
+
+def command_line_id(nodeid: str) -> str:
+    """`nodeid` as a command line selects it: without the `@<group>` that loadgroup appends."""
+    group_at, params_end = nodeid.rfind("@"), nodeid.rfind("]")
+    return nodeid[:group_at] if group_at > params_end else nodeid
 
 _TIER_DEFAULTS = {
     "dry": ((), 120.0, 2.0, ("cpu",)),
@@ -263,6 +275,8 @@ class RecipeCase:
         marks = [pytest.mark.e2e, pytest.mark.timeout(self.pytest_timeout())]
         if self.tier == "dry":
             marks.append(pytest.mark.dry)
+        if self.tier == "cpu":
+            marks.append(pytest.mark.xdist_group(RECIPE_RUNS_GROUP))
         if self.tier == "gpu":
             marks += [pytest.mark.nightly, pytest.mark.gpu(self.gpus)]
         if self.is_rehearsal:

@@ -10,12 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from miles.testing.cases import RecipeCase, case_of, cases_metadata, find_repo_root
+from miles.testing.cases import RecipeCase, case_of, cases_metadata, command_line_id, find_repo_root
 from miles.testing.cluster import LocalRayCluster
 from miles.testing.dry import DryCheckFailure, run_dry, start_dry
 from miles.testing.idle import IdleEnded, end_idle_services
 from miles.testing.invariants import check_run as run_invariants
-from miles.testing.order import spread_long
 from miles.testing.leases import DEFAULT_LOCK_DIR, DEFAULT_MAX_USED_MIB, NoNvml, NotEnoughGpus, lease_gpus
 from miles.testing.runner import RecipeRun, new_token, run_recipe as _run_recipe, write_result_record
 from miles.testing.snapshot import PlanSnapshotAssertion, plan_snapshot_from
@@ -95,15 +94,10 @@ def pytest_configure(config: pytest.Config) -> None:
         config.option.disable_unused_snapshots = True
 
 
-@pytest.hookimpl(trylast=True)  # the order is set after a conftest's own (tests/unit/conftest.py)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for marker, option in _OPT_IN_MARKERS.items():
         _deselect_marked_unless_asked(config, items, marker, option)
     _deselect_nightly_rehearsals_unless_asked(config, items)
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        # every worker computes the same order, as xdist requires (miles.testing.order). GPU cases
-        # stay where they are: ci/run_suite.py gives each its own pytest, packed by its est_time
-        items[:] = spread_long(items, _cpu_run_seconds)
     wait = config.getoption("--miles-gpu-wait") or 0.0
     if not wait:
         return
@@ -111,11 +105,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         case = case_of(item)
         if case is not None and case.gpus:
             item.add_marker(pytest.mark.timeout(case.pytest_timeout() + wait))
-
-
-def _cpu_run_seconds(item: pytest.Item) -> float:
-    case = case_of(item)
-    return case.est_time if case is not None and case.tier == "cpu" else 0.0
 
 
 def _deselect_marked_unless_asked(config: pytest.Config, items: list[pytest.Item], marker: str, option: str) -> None:
@@ -201,10 +190,10 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
         return
     if report.when == "call" and runs:
         for run in runs:
-            write_result_record(results_dir, run.result_record(report.outcome, item.nodeid))
+            write_result_record(results_dir, run.result_record(report.outcome, command_line_id(item.nodeid)))
     elif (report.when == "setup" and report.outcome != "passed") or (report.when == "call" and not runs):
         reason = report.longrepr[2] if report.skipped and isinstance(report.longrepr, tuple) else ""
-        record = {"nodeid": item.nodeid, "name": case.name, "outcome": report.outcome,
+        record = {"nodeid": command_line_id(item.nodeid), "name": case.name, "outcome": report.outcome,
                   "wall_time": round(report.duration, 3), "run_json": None, "throughput": None,
                   "peak_memory": None}
         if report.outcome != "passed":

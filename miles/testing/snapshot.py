@@ -22,6 +22,7 @@ from syrupy.extensions.single_file import SingleFileSnapshotExtension, WriteMode
 # The launcher's one secret rule (names and value redaction): a snapshot hides exactly what the
 # launcher's options table, EXEC lines, plan and job log hide, and nothing is decided here.
 from miles.launcher.env_vars import REDACTED, is_secret_name, redact_text, secret_values
+from miles.testing.cases import command_line_id
 
 _PORT_FLAG = re.compile(r"(--[\w-]*port[= ])\d+")
 _HOST_PORT = re.compile(r"((?:127\.0\.0\.1|localhost|0\.0\.0\.0|<HOST>|<IP>)):\d{1,5}\b")
@@ -206,7 +207,7 @@ class PlanSnapshotAssertion(SnapshotAssertion):
         lines = super().get_assert_diff(diff_mode=diff_mode)
         result = self._execution_results.get(self.num_executions - 1)
         if result is not None and result.recalled_data is None and not result.exception:
-            nodeid = self.test_location.nodeid
+            nodeid = command_line_id(self.test_location.nodeid)
             lines = [
                 f"No plan snapshot is recorded for {nodeid}.",
                 "Record it (then review and commit the new file) with:",

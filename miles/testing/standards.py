@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from miles.testing.cases import RecipeCase, Tolerance
+from miles.testing.cases import RecipeCase, Tolerance, command_line_id
 from miles.utils.numerics import fingerprint_changes
 
 STANDARD_VERSION = 2
@@ -34,7 +34,7 @@ def standard_path(standards_dir: str | Path, case: RecipeCase) -> Path:
 def record_command(nodeid: str) -> str:
     import shlex
 
-    return f"pytest {shlex.quote(nodeid)} --miles-record-standards"
+    return f"pytest {shlex.quote(command_line_id(nodeid))} --miles-record-standards"
 
 
 def _env_of(run_json: Mapping | None) -> dict:

@@ -3,7 +3,8 @@ import json
 import pytest
 
 from miles.testing import RecipeCase, Tolerance, dry_cases, parametrize_cases
-from miles.testing.cases import CPU_PROXY_ARGS, discover_recipes
+from miles.testing.cases import CPU_PROXY_ARGS, RECIPE_RUNS_GROUP, command_line_id, discover_recipes
+from miles.testing.standards import record_command
 
 
 def test_case_name_and_id_start_with_the_recipe_stem_so_k_selects_by_recipe():
@@ -28,6 +29,19 @@ def test_marks_follow_the_tier():
     assert {m.name for m in gpu_marks} >= {"e2e", "nightly", "gpu"}
     assert [m.args for m in gpu_marks if m.name == "gpu"] == [(4,)]
     assert "nightly" not in names(RecipeCase.cpu("scripts/run_x.py"))
+
+
+def test_cpu_runs_and_only_they_share_one_xdist_group_whose_suffix_a_rerun_command_drops():
+    def groups(case):
+        return [m.args for m in case.marks() if m.name == "xdist_group"]
+
+    assert groups(RecipeCase.cpu("scripts/run_x.py")) == [(RECIPE_RUNS_GROUP,)]
+    assert groups(RecipeCase.dry("scripts/run_x.py")) == groups(RecipeCase.gpu("scripts/run_x.py", gpus=1)) == []
+    # loadgroup appends the group to the node id; a command that reruns the test must not carry it
+    grouped = f"tests/e2e/test_x.py::test_recipe[run_x-cpu]@{RECIPE_RUNS_GROUP}"
+    assert command_line_id(grouped) == "tests/e2e/test_x.py::test_recipe[run_x-cpu]"
+    assert command_line_id("tests/t.py::test_a[user@host]") == "tests/t.py::test_a[user@host]"
+    assert RECIPE_RUNS_GROUP not in record_command(grouped)
 
 
 def test_pytest_timeout_leaves_room_for_the_harness_timeout():
