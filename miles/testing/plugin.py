@@ -420,7 +420,11 @@ def run_recipe(request: pytest.FixtureRequest, tmp_path: Path, miles_repo_root: 
         token = new_token()
         with ExitStack() as held:
             if case.ray_nodes:
-                cluster = request.getfixturevalue("ray_cluster")(nodes=case.ray_nodes, token=token)
+                # a token of the cluster's own, as the shared cluster has: the run's token reaches the
+                # job's driver and actors through the launcher, and the run's end must not SIGTERM the
+                # cluster's daemons (they sit out the 10 s grace waiting on each other; the fixture
+                # ends them with a short one)
+                cluster = request.getfixturevalue("ray_cluster")(nodes=case.ray_nodes)
                 run_env.update(cluster.env_for_recipe())
             elif case.uses_shared_cluster:
                 shared = held.enter_context(request.getfixturevalue("shared_ray_cluster").using())
