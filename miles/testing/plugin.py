@@ -98,6 +98,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for marker, option in _OPT_IN_MARKERS.items():
         _deselect_marked_unless_asked(config, items, marker, option)
     _deselect_nightly_rehearsals_unless_asked(config, items)
+    _shared_cluster_runs_first(items)
     wait = config.getoption("--miles-gpu-wait") or 0.0
     if not wait:
         return
@@ -105,6 +106,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         case = case_of(item)
         if case is not None and case.gpus:
             item.add_marker(pytest.mark.timeout(case.pytest_timeout() + wait))
+
+
+def _shared_cluster_runs_first(items: list[pytest.Item]) -> None:
+    """Among the CPU runs (one xdist group, run in this order by one worker), those on the worker's
+    shared cluster come first and back to back: interleaved with the own-head and multi-node runs,
+    the shared head idled through them and was ended and started again (miles.testing.idle)."""
+    slots = [n for n, item in enumerate(items) if (case := case_of(item)) is not None and case.tier == "cpu"]
+    runs = sorted((items[n] for n in slots), key=lambda item: not case_of(item).uses_shared_cluster)
+    for n, item in zip(slots, runs):
+        items[n] = item
 
 
 def _deselect_marked_unless_asked(config: pytest.Config, items: list[pytest.Item], marker: str, option: str) -> None:

@@ -296,3 +296,23 @@ def test_recording_refuses_a_standard_that_pins_nothing(pytester):
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*refusing to record*", "*train/loss is constant*compares nothing*"])
     assert not (pytester.path / "standards" / "run_fixture-cpu.json").exists()
+
+
+def test_the_cpu_runs_on_the_shared_cluster_come_first_and_nothing_else_moves():
+    from types import SimpleNamespace
+
+    from miles.testing import RecipeCase
+    from miles.testing.plugin import _shared_cluster_runs_first
+
+    def item(case):
+        return SimpleNamespace(callspec=SimpleNamespace(params={"recipe_case": case}), name=case.name)
+
+    own_head = RecipeCase.cpu("scripts/run_a.py", own_head=True)
+    two_nodes = RecipeCase.cpu("scripts/run_b.py", ray_nodes=2)
+    shared_c, shared_d = RecipeCase.cpu("scripts/run_c.py"), RecipeCase.cpu("scripts/run_d.py")
+    dry, gpu = RecipeCase.dry("scripts/run_a.py"), RecipeCase.gpu("scripts/run_a.py", gpus=1)
+    unit = SimpleNamespace(name="test_unit")
+    items = [item(own_head), unit, item(dry), item(two_nodes), item(shared_c), item(gpu), item(shared_d)]
+    _shared_cluster_runs_first(items)
+    assert [i.name for i in items] == [shared_c.name, "test_unit", dry.name, shared_d.name, own_head.name,
+                                       gpu.name, two_nodes.name]
