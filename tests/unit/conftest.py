@@ -29,6 +29,9 @@ WAIT_BOUND_FIRST = (
     "tests/unit/launcher/test_launch_processes.py",
     "tests/unit/ci/test_ci_run_suite.py",
     "tests/unit/ray/test_startup_failures.py",
+    # dry checks in subprocesses, each a second of one process, that ended the suite with a core idle
+    "tests/unit/testing/test_public_layout_recipe.py",
+    "tests/unit/testing/test_recipe_checklist.py",
 )
 
 
