@@ -37,7 +37,7 @@ print(json.dumps([runs[0], runs[2]]))
 """
 
 
-@pytest.mark.slow  # every recipe's replay against the committed table stays in the README's command
+@pytest.mark.slow  # the full-scale replays of the README's command (test_recipes.py) check each against the committed table
 def test_a_replay_measures_the_same_first_in_a_process_and_after_other_replays():
     out = subprocess.run([sys.executable, "-c", _SCRIPT], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]

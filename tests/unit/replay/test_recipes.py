@@ -32,7 +32,7 @@ NIGHTLY_FULL = {
 def _param(recipe: str, scale: str):
     reason = KNOWN.get((recipe, scale))
     marks = [pytest.mark.xfail(raises=ReplayFailure, strict=True, reason=reason)] if reason else []
-    # a GPU proxy runs only in the nightly GPU suite: its replay goes nightly with it
+    # a GPU proxy runs only in the nightly GPU suite: its replay goes nightly with it; so do NIGHTLY_FULL's
     if scale != "full" or Path(recipe).stem in NIGHTLY_FULL:
         marks.append(pytest.mark.slow)
     return pytest.param(recipe, scale, marks=marks, id=f"{Path(recipe).stem}-{scale}")

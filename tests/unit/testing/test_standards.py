@@ -1,7 +1,15 @@
 import math
 
 from miles.testing import RecipeCase, Tolerance
-from miles.testing.standards import build_standard, compare_to_standard, load_standard, standard_path, write_standard
+from miles.testing.cases import RECIPE_RUNS_GROUP
+from miles.testing.standards import (
+    build_standard,
+    compare_to_standard,
+    load_standard,
+    record_command,
+    standard_path,
+    write_standard,
+)
 
 CASE = RecipeCase.cpu("scripts/run_x.py", metrics=("train/loss", "rollout/reward/raw_mean"))
 METRICS = [{"rollout_id": 0, "train/loss": 0.25, "rollout/reward/raw_mean": 0.5},
@@ -43,3 +51,8 @@ def test_length_change_and_missing_metric_are_reported():
 
 def test_missing_standard_loads_as_none(tmp_path):
     assert load_standard(tmp_path / "nope.json") is None
+
+
+def test_the_record_command_names_a_grouped_test_without_the_group_xdist_appends():
+    grouped = f"tests/e2e/test_x.py::test_recipe[run_x-cpu]@{RECIPE_RUNS_GROUP}"
+    assert RECIPE_RUNS_GROUP not in record_command(grouped)
