@@ -34,6 +34,10 @@ class FamilyFacts:
     # whether SFT media (images, videos) encode into the sampler's state (`FamilyModule.encode_images`);
     # LTX-2's state holds audio latents too, which frames do not give
     encodes_media: bool = True
+    # parts the pipeline runs in float32 whatever the compute and rollout dtypes (engine, trainer,
+    # plan and replay alike): Wan's VAE, as the Wan team and diffusers' Wan docs run it for its
+    # decoding quality
+    float32_parts: tuple[str, ...] = ()
 
     @property
     def num_experts(self) -> int:
@@ -51,7 +55,7 @@ FAMILIES: dict[str, FamilyFacts] = {
                     transformer_class="QwenImageTransformer2DModel"),
         FamilyFacts("wan2_2", ("wan2.2", "wan2_2", "wan22", "wan-2.2"), True, True,
                     ("transformer", "transformer_2"), 12.0, "sde", _ATTENTION + ("ffn.net.0.proj", "ffn.net.2"),
-                    boundary_ratio=0.875, transformer_class="WanTransformer3DModel"),
+                    boundary_ratio=0.875, transformer_class="WanTransformer3DModel", float32_parts=("vae",)),
         # before "ltx", whose pattern also occurs in LTX-2 names (match_family takes the first match)
         FamilyFacts("ltx2", ("ltx-2", "ltx2", "ltx_2"), True, False, ("transformer",), 3.0, "cps", _ATTENTION,
                     transformer_class="LTX2VideoTransformer3DModel", extra_components=("connectors", "audio_vae"),

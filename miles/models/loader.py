@@ -412,6 +412,12 @@ def select_rows(cond: Conditioning, rows: list[int]) -> Conditioning:
 TEXT_PARTS = ("text_encoder", "tokenizer", "connectors")
 
 
+def part_dtype(family: str, part: str, dtype: torch.dtype) -> torch.dtype:
+    """The dtype a part is held and run in: `dtype`, or float32 for a part the family runs in float32
+    (`FamilyFacts.float32_parts`: Wan's VAE)."""
+    return torch.float32 if part in get_family_facts(family).float32_parts else dtype
+
+
 def load_model(path: str | Path, family: str | None = None, device: str | torch.device = "cpu",
                dtype: torch.dtype = torch.float32, *, skip: tuple[str, ...] = (),
                empty: dict[str, torch.dtype] | None = None) -> DiffusionModel:
@@ -452,12 +458,13 @@ def load_model(path: str | Path, family: str | None = None, device: str | torch.
         folder = path / name
         if not folder.is_dir():
             raise CheckpointError(f"checkpoint {path} is missing component {name!r}: no folder {folder}")
+        held = part_dtype(spec.name, name, dtype)
         if name in empty:
             parts[name] = _empty_component(name, library, class_name, folder, empty[name])
         elif torch.device(device).type == "meta":  # a memory replay: shapes and dtypes, no weights
-            parts[name] = _meta_component(name, library, class_name, folder, dtype)
+            parts[name] = _meta_component(name, library, class_name, folder, held)
         else:
-            parts[name] = _load_component(name, library, class_name, folder, dtype)
+            parts[name] = _load_component(name, library, class_name, folder, held)
         if isinstance(parts[name], torch.nn.Module) and name not in empty:
             # each part to the device as soon as it is loaded: the host then holds one part at a time
             # (every engine of a node loads at once; the whole pipeline each would be Wan2.2's 64 GiB)

@@ -308,7 +308,7 @@ def _eval_prompts(ns: Namespace) -> tuple[int, list[str]]:
 
 
 def _process_bytes(ns: Namespace, facts, train, engine) -> ProcessBytes:
-    from miles.plan.model_facts import DTYPE_BYTES, GEOMETRY, _lora_params, _trained
+    from miles.plan.model_facts import DTYPE_BYTES, GEOMETRY, _lora_params, _trained, part_bytes
 
     p, c, r = (DTYPE_BYTES[ns.param_dtype], DTYPE_BYTES[ns.compute_dtype], DTYPE_BYTES[ns.rollout_dtype])
     comps = facts.components
@@ -318,7 +318,8 @@ def _process_bytes(ns: Namespace, facts, train, engine) -> ProcessBytes:
     loaded = [n for n in comps if n.startswith("transformer") or n == "vae"
               or (ns.loss_type == "sft_loss" and n.startswith("text_encoder"))]
     through_host = [n for n in loaded if not (meta_built and n in trained)]  # sharded rows come one weight at a time
-    rank_load = max((comps[n].params for n in through_host), default=0) * (c if meta_built else p)
+    family, load_bytes = ns.diffusion_model_family, (c if meta_built else p)
+    rank_load = max((comps[n].params * part_bytes(family, n, load_bytes) for n in through_host), default=0)
     save = 0.0
     if not sharded and trained:  # rank 0's host copy of everything it saves, then one file's bytes at a time
         geo = GEOMETRY[ns.diffusion_model_family]
@@ -330,7 +331,7 @@ def _process_bytes(ns: Namespace, facts, train, engine) -> ProcessBytes:
         rank_load=rank_load, rank_arena=(train.models + train.optimizer_state) if offload_train else 0.0,
         rank_arena_setup=train.models if offload_train else 0.0, rank_save=save,
         rank_save_shard=train.saved if sharded else 0.0,
-        engine_load=max(f.params for f in comps.values()) * r if engine is not None else 0.0,
+        engine_load=max(f.params * part_bytes(family, n, r) for n, f in comps.items()) if engine is not None else 0.0,
         engine_arena=engine.models if engine is not None and offload_rollout else 0.0, scorer=scorer)
 
 

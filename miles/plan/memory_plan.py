@@ -10,7 +10,8 @@ safetensors headers (tensor shapes; a header is a few KiB at the start of the fi
 `config.json`; not on disk, the committed table of computed parameter counts
 (`miles/plan/model_table.py`). A checkpoint in neither gets "estimate unavailable".
 
-The model (what each term is, in bytes; p = --param-dtype, c = --compute-dtype, r = --rollout-dtype):
+The model (what each term is, in bytes; p = --param-dtype, c = --compute-dtype, r = --rollout-dtype;
+a part the family runs in float32, Wan's VAE, is in float32 wherever p, c or r would hold it):
 
 train rank, --train-backend dp (miles/backends/actor.py; nothing is sharded, so the sharding
 factor is 1 and every term is per rank whatever the rank count):
@@ -71,7 +72,8 @@ from miles.plan.eval_plan import eval_lines
 from miles.plan.host_plan import HostPlan, HostPlanError, build_host_plan
 from miles.plan.model_facts import (  # noqa: F401  (the plan's facts; model_facts and the table keys re-exported)
     CFG_IN_ONE_CALL, DTYPE_BYTES, GEOMETRY, ComponentFacts, Geometry, ModelFacts, _guided, _hub_repo_name,
-    _lora_params, _table_key, _text_tokens, _tokens, _trained, model_facts, read_checkpoint, safetensors_params,
+    _lora_params, _table_key, _text_tokens, _tokens, _trained, held_bytes, model_facts, part_bytes, read_checkpoint,
+    safetensors_params,
 )
 
 GIB = 1024 ** 3
@@ -210,15 +212,18 @@ def _train_rank(ns: Namespace, plan, facts: ModelFacts, geo: Geometry) -> tuple[
         kept_copy = kept
     trained = _trained(ns, facts)
     model_params = sum(comps[n].params for n in kept)
+    family = ns.diffusion_model_family
     if ns.use_lora:
         t_params = _lora_params(ns, facts, geo, trained)
         what = f"LoRA rank {ns.lora_rank} on {'+'.join(trained)}"
     else:
         t_params = sum(comps[n].params for n in trained)
         what = f"full {'+'.join(trained)}"
-    terms = [(f"master model {model_params / 1e9:.2f} B params in {ns.param_dtype}", model_params * p)]
+    terms = [(f"master model {model_params / 1e9:.2f} B params in {ns.param_dtype}{_float32_note(family, kept)}",
+              held_bytes(family, comps, kept, p))]
     if copy:
-        terms.append((f"compute copy in {ns.compute_dtype}", sum(comps[n].params for n in kept_copy) * c))
+        terms.append((f"compute copy in {ns.compute_dtype}{_float32_note(family, kept_copy)}",
+                      held_bytes(family, comps, kept_copy, c)))
     if ns.use_lora:
         terms.append(("LoRA adapters on the model(s)", t_params * (p + (c if copy else 0))))
     copies = (p if ns.use_ema else 0) + (p if getattr(ns, "ema_rollout_policy", None) == "ema" else 0)
@@ -252,21 +257,22 @@ def _sharded_train_rank(ns: Namespace, plan, facts: ModelFacts, geo: Geometry) -
     b = c if ns.use_lora and ns.param_dtype == "float32" else p
     master = (base * b + lora * p) / n
     others = [k for k in comps if (k.startswith("transformer") and k not in trained) or k == "vae"]
-    rest = sum(comps[k].params for k in others)
     if ns.loss_type == "sft_loss":
-        rest += sum(comps[k].params for k in comps if k.startswith("text_encoder"))
+        others += [k for k in comps if k.startswith("text_encoder")]
+    rest = held_bytes(ns.diffusion_model_family, comps, others, c)  # in c, a float32 part (Wan's VAE) in float32
     t_params = lora if ns.use_lora else sum(comps[t].params for t in trained)
     unit = max((comps[t].params + (lora // len(trained) if lora else 0)) / comps[t].blocks for t in trained)
     per_trained = p + 2 * p + (p if ns.use_ema else 0)
     what = f"LoRA rank {ns.lora_rank} on {'+'.join(trained)}" if ns.use_lora else f"full {'+'.join(trained)}"
     in_dtypes = ns.param_dtype if b == p else f"{ns.compute_dtype} (base) and {ns.param_dtype} (LoRA)"
     terms = [(f"master model: {sharded / 1e9:.2f} B sharded params in {in_dtypes} / {n} ranks", master),
-             (f"parts not trained ({'+'.join(others) or 'none'}) in {ns.compute_dtype}", rest * c),
+             (f"parts not trained ({'+'.join(others) or 'none'}) in {ns.compute_dtype}"
+              f"{_float32_note(ns.diffusion_model_family, others)}", rest),
              (f"one all-gathered block ({unit / 1e9:.3f} B params) and its gradient in {ns.compute_dtype}",
               2 * unit * c),
              (f"trained state {what}: {t_params / 1e9:.3f} B params x {per_trained} B / {n} ranks (reduce-scattered "
               f"grads, AdamW{', EMA' if ns.use_ema else ''})", t_params * per_trained / n)]
-    models = master + rest * c
+    models = master + rest
     optimizer_state = t_params * (per_trained - p) / n
     transient = 2 * unit * c + t_params * p / n  # the gathered block, the sharded grads (None between steps)
     act_term, act_bytes = _activations(ns, plan, facts, geo, trained, c)
@@ -320,6 +326,11 @@ def _train_knobs(ns: Namespace, plan, trained: list[str], copy: bool) -> list[st
     return knobs
 
 
+def _float32_note(family: str, parts) -> str:
+    kept = [n for n in parts if part_bytes(family, n, 2) == 4]
+    return f" ({'+'.join(kept)} in float32)" if kept else ""
+
+
 def _engine(ns: Namespace, plan, facts: ModelFacts, geo: Geometry) -> tuple[RoleEstimate, list[str]]:
     r = DTYPE_BYTES[ns.rollout_dtype]
     comps = facts.components
@@ -327,18 +338,19 @@ def _engine(ns: Namespace, plan, facts: ModelFacts, geo: Geometry) -> tuple[Role
     transformers = [n for n in comps if n.startswith("transformer")]
     big = max(transformers, key=lambda n: comps[n].hidden * comps[n].blocks)
     image, text = _tokens(ns, geo, _text_tokens(ns))
-    weights = params * r
+    weights = held_bytes(ns.diffusion_model_family, comps, comps, r)
     # an engine forwards a whole microgroup at once, and SD3 / LTX add its negative prompts to the call
     group = ns.rollout_microgroup_size or ns.n_samples_per_prompt
     batch = group * (2 if _guided(ns) and ns.diffusion_model_family in CFG_IN_ONE_CALL else 1)
-    terms = [(f"pipeline {params / 1e9:.2f} B params in {ns.rollout_dtype}", weights),
+    terms = [(f"pipeline {params / 1e9:.2f} B params in {ns.rollout_dtype}"
+              f"{_float32_note(ns.diffusion_model_family, comps)}", weights),
              (f"one block's activations over {batch} sequence(s) (no graph)",
               ACT_VALUES_PER_TOKEN * (image + text) * comps[big].hidden * r * batch)]
     frames = ns.diffusion_output_num_frames
     chunk = frames if geo.decode_chunk_frames == 0 else min(frames, geo.decode_chunk_frames)
     terms.append((f"VAE decode of {group} x {chunk} frame(s)",
                   VAE_DECODE_MAPS * VAE_DECODE_CHANNELS * group * chunk * (ns.diffusion_height // geo.decode_stride)
-                  * (ns.diffusion_width // geo.decode_stride) * r))
+                  * (ns.diffusion_width // geo.decode_stride) * part_bytes(ns.diffusion_model_family, "vae", r)))
     latent = image * geo.latent_channels * math.prod(geo.patch)
     steps = ns.diffusion_num_steps
     per_sample = (steps + 1 + (steps if ns.diffusion_debug_mode else 0)) * latent * 4

@@ -66,6 +66,19 @@ class ModelFacts:
     source: str  # "checkpoint on disk" or "committed table (<key>)"
     components: dict[str, ComponentFacts]
 
+def part_bytes(family: str, part: str, dtype_bytes: int) -> int:
+    """Bytes per parameter (or activation value) of `part` held in a `dtype_bytes` dtype: 4 for a part
+    the family runs in float32 whatever the dtype (Wan's VAE; miles.models.loader.part_dtype)."""
+    from miles.diffusion_facts.families import get_family_facts
+
+    return 4 if part in get_family_facts(family).float32_parts else dtype_bytes
+
+
+def held_bytes(family: str, comps: dict[str, "ComponentFacts"], parts, dtype_bytes: int) -> float:
+    """The bytes of `parts` held in a `dtype_bytes` dtype, each part by `part_bytes`."""
+    return sum(comps[n].params * part_bytes(family, n, dtype_bytes) for n in parts)
+
+
 # -- facts about the checkpoint --------------------------------------------------------------------
 
 def safetensors_params(path: Path) -> int:

@@ -199,6 +199,20 @@ def test_wan_experts_switch_at_the_boundary_like_the_validator(tiny_checkpoint):
     assert {model.expert_for_step(sigmas, k) for k in range(10)} == {"transformer", "transformer_2"}
 
 
+def test_wan_vae_is_loaded_and_decodes_in_float32_under_bfloat16_as_the_pipeline_runs_it(tiny_checkpoint):
+    model = load_model(tiny_checkpoint("wan2_2"), dtype=torch.bfloat16)
+    assert {p.dtype for p in model.parts["vae"].parameters()} == {torch.float32}
+    for name in ("transformer", "transformer_2"):  # bfloat16 but for the modules the class keeps in float32
+        assert model.parts[name].proj_out.weight.dtype == torch.bfloat16
+    assert model.parts["text_encoder"].dtype == torch.bfloat16
+    # the decoded frames are float32 VAE output: an SD3 VAE (no such rule) follows the load dtype
+    frames = model.decode(torch.randn(1, *model.latent_shape(32, 32, 5)))
+    assert torch.isfinite(frames).all()
+    assert load_model(tiny_checkpoint("sd3"), dtype=torch.bfloat16).parts["vae"].dtype == torch.bfloat16
+    meta = load_model(tiny_checkpoint("wan2_2"), device="meta", dtype=torch.bfloat16)  # what a replay builds
+    assert meta.parts["vae"].dtype == torch.float32
+
+
 def test_unguided_family_has_no_negative_conditioning(tiny_checkpoint):
     assert get_family("ltx").guided is False
     cond = load_model(tiny_checkpoint("ltx")).encode_prompts(["a cat"], "blurry")

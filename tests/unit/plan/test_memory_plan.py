@@ -99,6 +99,24 @@ def test_sharing_a_gpu_adds_the_engine_and_more_pairs_per_forward_add_activation
     assert bigger.gpus[0].total > colocated.gpus[0].total
 
 
+def test_wan_vae_is_planned_in_float32_in_the_engine_weights_and_decode_maps():
+    from miles.plan.model_facts import model_facts
+
+    vae = model_facts(WAN[1]).components["vae"].params
+    every = sum(f.params for f in model_facts(WAN[1]).components.values())
+    engine = {what.split(" (")[0]: b for what, b in memory(WAN).gpus[0].roles[1].terms}
+    assert engine["pipeline 34.38 B params in bfloat16"] == every * 2 + vae * 2  # the VAE's 4 bytes a parameter
+    fp32 = {what.split(" (")[0]: b for what, b in memory([*WAN, "--rollout-dtype", "float32", "--compute-dtype",
+                                                          "float32", "--param-dtype", "float32"]).gpus[0].roles[1].terms}
+    decode = [k for k in engine if k.startswith("VAE decode")]
+    assert decode and engine[decode[0]] == fp32[decode[0]]  # decoded in float32 whatever --rollout-dtype
+    sd3 = {what.split(" (")[0]: b for what, b in memory(SD3).gpus[0].roles[1].terms}
+    sd3_fp32 = {what.split(" (")[0]: b for what, b in memory([*SD3, "--rollout-dtype", "float32", "--compute-dtype",
+                                                              "float32", "--param-dtype", "float32"]).gpus[0].roles[1].terms}
+    sd3_decode = [k for k in sd3 if k.startswith("VAE decode")][0]
+    assert sd3[sd3_decode] * 2 == sd3_fp32[sd3_decode]  # SD3's VAE follows --rollout-dtype
+
+
 def train_terms(plan) -> dict[str, float]:
     rank = plan.gpus[0].roles[0]
     assert rank.role == "train rank"
