@@ -219,10 +219,11 @@ def _train_rank(ns: Namespace, plan, facts: ModelFacts, geo: Geometry) -> tuple[
     else:
         t_params = sum(comps[n].params for n in trained)
         what = f"full {'+'.join(trained)}"
-    terms = [(f"master model {model_params / 1e9:.2f} B params in {ns.param_dtype}{_float32_note(family, kept)}",
+    master_note = _float32_note(family, kept, ns.param_dtype)
+    terms = [(f"master model {model_params / 1e9:.2f} B params in {ns.param_dtype}{master_note}",
               held_bytes(family, comps, kept, p))]
     if copy:
-        terms.append((f"compute copy in {ns.compute_dtype}{_float32_note(family, kept_copy)}",
+        terms.append((f"compute copy in {ns.compute_dtype}{_float32_note(family, kept_copy, ns.compute_dtype)}",
                       held_bytes(family, comps, kept_copy, c)))
     if ns.use_lora:
         terms.append(("LoRA adapters on the model(s)", t_params * (p + (c if copy else 0))))
@@ -267,7 +268,7 @@ def _sharded_train_rank(ns: Namespace, plan, facts: ModelFacts, geo: Geometry) -
     in_dtypes = ns.param_dtype if b == p else f"{ns.compute_dtype} (base) and {ns.param_dtype} (LoRA)"
     terms = [(f"master model: {sharded / 1e9:.2f} B sharded params in {in_dtypes} / {n} ranks", master),
              (f"parts not trained ({'+'.join(others) or 'none'}) in {ns.compute_dtype}"
-              f"{_float32_note(ns.diffusion_model_family, others)}", rest),
+              f"{_float32_note(ns.diffusion_model_family, others, ns.compute_dtype)}", rest),
              (f"one all-gathered block ({unit / 1e9:.3f} B params) and its gradient in {ns.compute_dtype}",
               2 * unit * c),
              (f"trained state {what}: {t_params / 1e9:.3f} B params x {per_trained} B / {n} ranks (reduce-scattered "
@@ -326,8 +327,8 @@ def _train_knobs(ns: Namespace, plan, trained: list[str], copy: bool) -> list[st
     return knobs
 
 
-def _float32_note(family: str, parts) -> str:
-    kept = [n for n in parts if part_bytes(family, n, 2) == 4]
+def _float32_note(family: str, parts, dtype: str) -> str:
+    kept = [n for n in parts if part_bytes(family, n, 2) == 4] if dtype != "float32" else []
     return f" ({'+'.join(kept)} in float32)" if kept else ""
 
 
@@ -343,7 +344,7 @@ def _engine(ns: Namespace, plan, facts: ModelFacts, geo: Geometry) -> tuple[Role
     group = ns.rollout_microgroup_size or ns.n_samples_per_prompt
     batch = group * (2 if _guided(ns) and ns.diffusion_model_family in CFG_IN_ONE_CALL else 1)
     terms = [(f"pipeline {params / 1e9:.2f} B params in {ns.rollout_dtype}"
-              f"{_float32_note(ns.diffusion_model_family, comps)}", weights),
+              f"{_float32_note(ns.diffusion_model_family, comps, ns.rollout_dtype)}", weights),
              (f"one block's activations over {batch} sequence(s) (no graph)",
               ACT_VALUES_PER_TOKEN * (image + text) * comps[big].hidden * r * batch)]
     frames = ns.diffusion_output_num_frames

@@ -115,6 +115,10 @@ def test_wan_vae_is_planned_in_float32_in_the_engine_weights_and_decode_maps():
                                                               "float32", "--param-dtype", "float32"]).gpus[0].roles[1].terms}
     sd3_decode = [k for k in sd3 if k.startswith("VAE decode")][0]
     assert sd3[sd3_decode] * 2 == sd3_fp32[sd3_decode]  # SD3's VAE follows --rollout-dtype
+    # the label says so where the part's dtype differs from the term's, and only there
+    assert "pipeline 34.38 B params in bfloat16 (vae in float32)" in memory(WAN).table()
+    assert "(vae in float32)" not in memory([*WAN, "--rollout-dtype", "float32", "--compute-dtype", "float32",
+                                             "--param-dtype", "float32"]).table()
 
 
 def train_terms(plan) -> dict[str, float]:
