@@ -39,6 +39,9 @@ class FamilyFacts:
     # decoding quality
     float32_parts: tuple[str, ...] = ()
 
+    def runs_in_float32(self, part: str) -> bool:
+        return part in self.float32_parts
+
     @property
     def num_experts(self) -> int:
         return len(self.transformer_components)

@@ -415,7 +415,7 @@ TEXT_PARTS = ("text_encoder", "tokenizer", "connectors")
 def part_dtype(family: str, part: str, dtype: torch.dtype) -> torch.dtype:
     """The dtype a part is held and run in: `dtype`, or float32 for a part the family runs in float32
     (`FamilyFacts.float32_parts`: Wan's VAE)."""
-    return torch.float32 if part in get_family_facts(family).float32_parts else dtype
+    return torch.float32 if get_family_facts(family).runs_in_float32(part) else dtype
 
 
 def load_model(path: str | Path, family: str | None = None, device: str | torch.device = "cpu",

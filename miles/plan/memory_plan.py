@@ -68,6 +68,7 @@ import math
 from argparse import Namespace
 from dataclasses import dataclass, field
 
+from miles.diffusion_facts.families import get_family_facts
 from miles.plan.eval_plan import eval_lines
 from miles.plan.host_plan import HostPlan, HostPlanError, build_host_plan
 from miles.plan.model_facts import (  # noqa: F401  (the plan's facts; model_facts and the table keys re-exported)
@@ -328,7 +329,7 @@ def _train_knobs(ns: Namespace, plan, trained: list[str], copy: bool) -> list[st
 
 
 def _float32_note(family: str, parts, dtype: str) -> str:
-    kept = [n for n in parts if part_bytes(family, n, 2) == 4] if dtype != "float32" else []
+    kept = [n for n in parts if get_family_facts(family).runs_in_float32(n)] if dtype != "float32" else []
     return f" ({'+'.join(kept)} in float32)" if kept else ""
 
 

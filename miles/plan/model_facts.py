@@ -17,6 +17,8 @@ from argparse import Namespace
 from dataclasses import dataclass
 from pathlib import Path
 
+from miles.diffusion_facts.families import get_family_facts
+
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 SAFETENSORS_BYTES = {"F64": 8, "F32": 4, "BF16": 2, "F16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
                      "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
@@ -66,15 +68,14 @@ class ModelFacts:
     source: str  # "checkpoint on disk" or "committed table (<key>)"
     components: dict[str, ComponentFacts]
 
+
 def part_bytes(family: str, part: str, dtype_bytes: int) -> int:
     """Bytes per parameter (or activation value) of `part` held in a `dtype_bytes` dtype: 4 for a part
     the family runs in float32 whatever the dtype (Wan's VAE; miles.models.loader.part_dtype)."""
-    from miles.diffusion_facts.families import get_family_facts
-
-    return 4 if part in get_family_facts(family).float32_parts else dtype_bytes
+    return 4 if get_family_facts(family).runs_in_float32(part) else dtype_bytes
 
 
-def held_bytes(family: str, comps: dict[str, "ComponentFacts"], parts, dtype_bytes: int) -> float:
+def held_bytes(family: str, comps: dict[str, ComponentFacts], parts, dtype_bytes: int) -> float:
     """The bytes of `parts` held in a `dtype_bytes` dtype, each part by `part_bytes`."""
     return sum(comps[n].params * part_bytes(family, n, dtype_bytes) for n in parts)
 
@@ -167,8 +168,6 @@ CFG_IN_ONE_CALL = ("sd3", "ltx", "ltx2")
 
 
 def _guided(ns: Namespace) -> bool:
-    from miles.diffusion_facts.families import get_family_facts
-
     if ns.loss_type == "sft_loss":  # SFT forwards run unguided (miles/backends/sft.py)
         return False
     scales = [ns.diffusion_guidance_scale, ns.diffusion_guidance_scale_2 or 0.0]
