@@ -8,9 +8,10 @@ list of common prompt words so short prompts become short token sequences.
 from __future__ import annotations
 
 import string
+from typing import TYPE_CHECKING
 
-from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
-from transformers import PreTrainedTokenizerFast
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
 
 PAD, UNK, BOS, EOS = "[PAD]", "[UNK]", "[BOS]", "[EOS]"
 # EOS is not id 2: CLIP's pooling treats eos_token_id == 2 as "take the largest token id"
@@ -43,6 +44,11 @@ def vocabulary() -> list[str]:
 
 
 def build_tokenizer(model_max_length: int) -> PreTrainedTokenizerFast:
+    # imported here: the families read this module's ids, and the run's driver imports the families
+    # without ever building a tokenizer (transformers is about 1 CPU-s of imports per process)
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
     vocab = {token: i for i, token in enumerate(vocabulary())}
     assert vocab[BOS] == BOS_ID and vocab[EOS] == EOS_ID and vocab[PAD] == PAD_ID
     core = Tokenizer(models.WordPiece(vocab, unk_token=UNK, max_input_chars_per_word=100))
