@@ -133,6 +133,12 @@ def warn_open_files_once(needed: int) -> int:
     return soft
 
 
+# `ray start` returns in 5-30 s. Past this it is waiting on a daemon that died starting: Ray 2.60's
+# `ray start` then waits for the node's registration without end (seen: a raylet whose object-manager
+# port another process took).
+RAY_START_TIMEOUT_S = 180.0
+
+
 def _run_in_own_session(command: str, env: Mapping[str, str], log_path: Path, record: LaunchRecord,
                         output_dir: str | Path) -> None:
     """`ray start` as a session leader, the session recorded before it starts anything: its
@@ -147,7 +153,13 @@ def _run_in_own_session(command: str, env: Mapping[str, str], log_path: Path, re
         record.save(output_dir)
 
     with open(log_path, "a") as log:
-        returncode = run_in_own_session(command, env, log, recorded)
+        try:
+            returncode = run_in_own_session(command, env, log, recorded, timeout=RAY_START_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            raise TimeoutError(f"`ray start` did not finish within {RAY_START_TIMEOUT_S:.0f} s (a daemon it starts, "
+                               f"its raylet most often, died starting: a port of its taken by another process, or "
+                               f"out of memory); Ray's output: {log_path}; fix: launch again (the launcher picks "
+                               f"fresh ports)") from None
     if returncode:
         raise subprocess.CalledProcessError(returncode, command)
 
@@ -247,6 +259,8 @@ def start_ray_worker(
     except KeyboardInterrupt:
         print("interrupted: leaving the cluster", flush=True)
         status = 0
+    except TimeoutError as err:
+        print(f"error: this node could not join {head_address}: {err}", file=sys.stderr, flush=True)
     except subprocess.CalledProcessError as err:
         log = LaunchRecord.path_for(output_dir, role).with_suffix(".log")
         print(f"error: this node could not join {head_address}: `ray start` exited {err.returncode} (a missing or "

@@ -23,6 +23,20 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
             sock.close()
 
 
+def free_ports_in(count: int, span: tuple[int, int], host: str = "127.0.0.1", avoid: set[int] = frozenset(),
+                  tries: int = 200) -> list[int]:
+    """`count` distinct ports inside `span`, each free now, drawn at random (so that two processes
+    picking at once rarely meet)."""
+    picked: list[int] = []
+    for _ in range(tries):
+        port = random.randrange(span[0], span[1])
+        if port not in picked and port not in avoid and _port_is_free(port, host):
+            picked.append(port)
+            if len(picked) == count:
+                return picked
+    raise RuntimeError(f"no {count} free ports found in {span}")
+
+
 def free_port_range(count: int, span: tuple[int, int], host: str = "127.0.0.1", avoid: set[int] = frozenset(),
                     tries: int = 50) -> int:
     """The lowest of `count` consecutive ports inside `span` that are all free now."""

@@ -185,3 +185,33 @@ def test_a_session_id_taken_by_a_live_process_is_not_ours():
         assert pids_in_session(leader.pid) == []
     finally:
         _reap(leader)
+
+
+def test_a_ray_start_that_never_returns_ends_in_one_line_naming_its_log_and_its_daemons_end(tmp_path, monkeypatch):
+    # Ray 2.60's `ray start` waits without end for a node whose raylet died starting
+    from miles.launcher import local_cluster
+    from miles.launcher.ray_auth import own_cluster_auth
+    from miles.launcher.ray_cluster import RayNodeSpec, RayPorts, ray_temp_dir_for
+
+    token = new_token()
+    monkeypatch.setattr(local_cluster, "RAY_START_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(local_cluster, "ray_start_command", lambda spec, devices: f"{sys.executable} -c "
+                        "'import time; time.sleep(120)' & wait")
+    record = LaunchRecord(HEAD_ROLE, token)
+    spec = RayNodeSpec("127.0.0.1", RayPorts.allocate(), ray_temp_dir_for(token), 0, 1)
+    started = time.monotonic()
+    try:
+        local_cluster.start_node(spec, record, tmp_path, None, auth=own_cluster_auth(tmp_path, environ={}))
+        raise AssertionError("start_node returned")
+    except TimeoutError as err:
+        message = str(err)
+    finally:
+        daemons = pids_with_token(token)
+        local_cluster.stop_node(record)
+    assert time.monotonic() - started < 30
+    assert "`ray start` did not finish within 1 s" in message and str(tmp_path) in message and "\n" not in message
+    assert daemons  # the daemon outlived its bash, in the recorded session
+    deadline = time.monotonic() + 10
+    while any(is_alive(p) for p in daemons) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(is_alive(p) for p in daemons)

@@ -28,6 +28,15 @@ def test_allocated_ports_are_distinct_and_worker_range_avoids_them():
     assert not any(ports.min_worker_port <= p <= ports.max_worker_port for p in singles)
 
 
+def test_allocated_ports_lie_below_the_ephemeral_range_so_no_outgoing_connection_takes_one():
+    # Linux hands out 32768-60999 for outgoing connections; a port picked there can be taken
+    # between the pick and the daemon's bind (a raylet then dies and `ray start` never returns)
+    for _ in range(20):
+        ports = RayPorts.allocate(gcs_port=6390)
+        assert ports.gcs_port == 6390
+        assert all(0 < p < 32768 for p in vars(ports).values())
+
+
 def test_head_command_names_every_port_and_its_own_temp_dir():
     spec = RayNodeSpec("127.0.0.1", RayPorts.allocate(gcs_port=free_ports(1)[0]), ray_temp_dir_for("f" * 16), 4)
     command = ray_start_command(spec)
