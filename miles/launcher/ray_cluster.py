@@ -17,15 +17,12 @@ from typing import IO
 
 from miles.launcher.multinode import is_loopback
 from miles.launcher.ray_auth import ClusterAuth, headers_for
-from miles.utils.ports import free_port_range, free_ports, free_ports_in  # noqa: F401  (free_ports: also the launcher's)
+from miles.utils.ports import free_port_range, free_ports  # noqa: F401  (free_ports: also the launcher's)
 
 # Ray puts unix sockets under its temp dir and socket paths are limited to ~107 bytes, so the
 # dir must stay short: never under the (possibly deep) output dir.
 _TEMP_ROOT = "/tmp"
 _WORKER_PORT_COUNT = 100
-# Below Linux's ephemeral range (32768+), so outgoing connections do not take our ports between
-# their pick and the daemon's bind (seen: a raylet's object-manager port taken, the head never up).
-_PORT_SPAN = (12000, 30000)
 MIN_OPEN_FILES = 65536
 LOOPBACK = "127.0.0.1"
 # `ray start` run by the launcher's own interpreter, with the Ray client server off (ray_start.py)
@@ -52,10 +49,10 @@ class RayPorts:
         names = [n for n in cls.__dataclass_fields__ if n not in ("min_worker_port", "max_worker_port")]
         if gcs_port:
             names.remove("gcs_port")
-        singles = dict(zip(names, free_ports_in(len(names), _PORT_SPAN, host, avoid={gcs_port or 0}), strict=True))
+        singles = dict(zip(names, free_ports(len(names), host, avoid={gcs_port or 0}), strict=True))
         if gcs_port:
             singles["gcs_port"] = gcs_port
-        low = free_port_range(_WORKER_PORT_COUNT, _PORT_SPAN, host, avoid=set(singles.values()))
+        low = free_port_range(_WORKER_PORT_COUNT, host=host, avoid=set(singles.values()))
         return cls(**singles, min_worker_port=low, max_worker_port=low + _WORKER_PORT_COUNT - 1)
 
 

@@ -1,30 +1,19 @@
-"""Free TCP ports on this host: one search, used by the launcher, the test clusters and the trainer's
-process groups."""
+"""Free TCP ports on this host: one search, used by the launcher, the test clusters and the
+benchmarks' process groups."""
 
 from __future__ import annotations
 
 import random
 import socket
 
+# Below Linux's ephemeral range (32768-60999): the kernel gives those to outgoing connections, and
+# one can take a port between our pick and the daemon's bind (seen: a raylet's object-manager port
+# taken, the raylet dead and `ray start` waiting without end).
+PORT_SPAN = (12000, 30000)
 
 
-def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
-    """Ports the kernel reports free now. All sockets stay open until every port is picked, so
-    the kernel cannot hand out the same one twice."""
-    sockets = []
-    try:
-        for _ in range(count):
-            sock = socket.socket()
-            sock.bind((host, 0))
-            sockets.append(sock)
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
-
-
-def free_ports_in(count: int, span: tuple[int, int], host: str = "127.0.0.1", avoid: set[int] = frozenset(),
-                  tries: int = 200) -> list[int]:
+def free_ports(count: int, host: str = "127.0.0.1", avoid: set[int] = frozenset(), span: tuple[int, int] = PORT_SPAN,
+               tries: int = 200) -> list[int]:
     """`count` distinct ports inside `span`, each free now, drawn at random (so that two processes
     picking at once rarely meet)."""
     picked: list[int] = []
@@ -37,8 +26,8 @@ def free_ports_in(count: int, span: tuple[int, int], host: str = "127.0.0.1", av
     raise RuntimeError(f"no {count} free ports found in {span}")
 
 
-def free_port_range(count: int, span: tuple[int, int], host: str = "127.0.0.1", avoid: set[int] = frozenset(),
-                    tries: int = 50) -> int:
+def free_port_range(count: int, span: tuple[int, int] = PORT_SPAN, host: str = "127.0.0.1",
+                    avoid: set[int] = frozenset(), tries: int = 50) -> int:
     """The lowest of `count` consecutive ports inside `span` that are all free now."""
     for _ in range(tries):
         low = random.randrange(span[0], span[1] - count)
