@@ -1,5 +1,6 @@
-"""Bytes through the driver and peak host memory per process, measured at proxy size (before and
-after, in one run) and extrapolated to every full-scale recipe.
+"""Bytes through the driver and peak host memory per process, at proxy size and at full scale.
+
+Measured at proxy size (before and after, in one run) and extrapolated to every full-scale recipe.
 
     nice -n 19 python3 benchmarks/bench_host_memory.py [--before REF] [--rollouts 2] [--no-replay]
 
