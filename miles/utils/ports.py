@@ -10,6 +10,9 @@ import socket
 # one can take a port between our pick and the daemon's bind (seen: a raylet's object-manager port
 # taken, the raylet dead and `ray start` waiting without end).
 PORT_SPAN = (12000, 30000)
+# drawn from the OS, not the `random` module: a process that seeded it (a trainer, a test) would
+# otherwise draw the same ports as every other process seeded alike
+_DRAW = random.SystemRandom()
 
 
 def free_ports(count: int, host: str = "127.0.0.1", avoid: set[int] = frozenset(), span: tuple[int, int] = PORT_SPAN,
@@ -18,7 +21,7 @@ def free_ports(count: int, host: str = "127.0.0.1", avoid: set[int] = frozenset(
     picking at once rarely meet)."""
     picked: list[int] = []
     for _ in range(tries):
-        port = random.randrange(span[0], span[1])
+        port = _DRAW.randrange(span[0], span[1])
         if port not in picked and port not in avoid and _port_is_free(port, host):
             picked.append(port)
             if len(picked) == count:
@@ -30,7 +33,7 @@ def free_port_range(count: int, span: tuple[int, int] = PORT_SPAN, host: str = "
                     avoid: set[int] = frozenset(), tries: int = 50) -> int:
     """The lowest of `count` consecutive ports inside `span` that are all free now."""
     for _ in range(tries):
-        low = random.randrange(span[0], span[1] - count)
+        low = _DRAW.randrange(span[0], span[1] - count)
         ports = range(low, low + count)
         if not avoid.intersection(ports) and all(_port_is_free(p, host) for p in ports):
             return low

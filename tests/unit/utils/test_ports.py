@@ -18,3 +18,12 @@ def test_a_port_held_by_another_socket_is_never_picked():
         port = held.getsockname()[1]
         assert free_ports(1, span=(port, port + 2)) == [port + 1]
         assert free_port_range(1, span=(port - 1, port + 1)) == port - 1
+
+
+def test_two_processes_seeded_alike_still_draw_different_ports():
+    import random
+
+    random.seed(0)
+    first = free_ports(8)
+    random.seed(0)
+    assert free_ports(8) != first
