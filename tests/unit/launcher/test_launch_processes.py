@@ -4,6 +4,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from miles.launcher.local_cluster import HEAD_ROLE, end_recorded_run
 from miles.launcher.processes import (
     LaunchRecord,
@@ -20,6 +22,12 @@ _SLEEP = [sys.executable, "-c", "import time; time.sleep(120)"]
 
 def _sleeper(env=None, new_session=False):
     return subprocess.Popen(_SLEEP, env=env, start_new_session=new_session)
+
+
+def _wait_gone(pids, timeout_s=10.0):
+    deadline = time.monotonic() + timeout_s
+    while any(is_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
 
 
 def _reap(*procs):
@@ -166,9 +174,7 @@ def test_stop_ends_the_daemons_left_in_the_ray_start_session_even_without_a_visi
     try:
         assert daemon not in pids_with_token(token) and pids_in_session(session) == [daemon]
         stop_node(LaunchRecord("head", token, session=session))
-        deadline = time.monotonic() + 10
-        while is_alive(daemon) and time.monotonic() < deadline:
-            time.sleep(0.1)
+        _wait_gone([daemon])
         assert not is_alive(daemon)
         assert bystander.poll() is None  # another session is never touched
     finally:
@@ -201,17 +207,14 @@ def test_a_ray_start_that_never_returns_ends_in_one_line_naming_its_log_and_its_
     spec = RayNodeSpec("127.0.0.1", RayPorts.allocate(), ray_temp_dir_for(token), 0, 1)
     started = time.monotonic()
     try:
-        local_cluster.start_node(spec, record, tmp_path, None, auth=own_cluster_auth(tmp_path, environ={}))
-        raise AssertionError("start_node returned")
-    except TimeoutError as err:
-        message = str(err)
+        with pytest.raises(TimeoutError) as caught:
+            local_cluster.start_node(spec, record, tmp_path, None, auth=own_cluster_auth(tmp_path, environ={}))
     finally:
         daemons = pids_with_token(token)
         local_cluster.stop_node(record)
+    message = str(caught.value)
     assert time.monotonic() - started < 30
     assert "`ray start` did not finish within 1 s" in message and str(tmp_path) in message and "\n" not in message
     assert daemons  # the daemon outlived its bash, in the recorded session
-    deadline = time.monotonic() + 10
-    while any(is_alive(p) for p in daemons) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    _wait_gone(daemons)
     assert not any(is_alive(p) for p in daemons)
