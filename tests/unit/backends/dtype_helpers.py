@@ -11,7 +11,9 @@ from pathlib import Path
 
 import torch
 
-ASSETS = Path("/tmp/miles-test-assets-backends")
+# miles.testing.plugin.MODEL_DIR_ENV, spelled out: the ranks these tests spawn import this module,
+# and the plugin would bring pytest into each of them
+MODEL_DIR_ENV = "MILES_TEST_MODEL_DIR"
 
 DEVICE = os.environ.get("MILES_TEST_DEVICE", "cpu")
 TINY = ("--rollout-batch-size 2 --n-samples-per-prompt 2 --diffusion-height 64 --diffusion-width 64 "
@@ -19,12 +21,19 @@ TINY = ("--rollout-batch-size 2 --n-samples-per-prompt 2 --diffusion-height 64 -
         "--diffusion-clip-range 1e-2 --diffusion-debug-mode --num-rollout 2 --num-steps-per-rollout 2")
 
 
+def assets_dir() -> Path:
+    """The harness's checkpoint cache, which tests/unit/backends/conftest.py names in the environment
+    (so that the ranks these tests spawn find it too): the checkpoints the e2e runs and the other
+    unit tests build once are not built again here (sd3's alone is 6-11 CPU-s)."""
+    return Path(os.environ[MODEL_DIR_ENV])
+
+
 def tiny_assets(family: str = "sd3"):
     from miles.proxy_assets.checkpoint import ensure_checkpoint
     from miles.proxy_assets.prompts import ensure_prompt_file
 
-    checkpoint = ensure_checkpoint(family, "tiny", 0, ASSETS)
-    prompts = ensure_prompt_file("tiny", ASSETS / "prompts.jsonl", num_prompts=16)
+    checkpoint = ensure_checkpoint(family, "tiny", 0, assets_dir())
+    prompts = ensure_prompt_file("tiny", assets_dir() / "tiny_prompts_16.jsonl", num_prompts=16)
     return checkpoint, prompts
 
 

@@ -62,12 +62,12 @@ def test_a_transformer_without_it_is_refused_naming_the_family():
 def test_each_familys_transformer_gradients_are_equal_with_and_without_checkpointing(family):
     """Every expert of every family, through the model's own velocity call (conditioning, guidance
     off); bit-equal for the reason above."""
-    from dtype_helpers import ASSETS
+    from dtype_helpers import assets_dir
 
     from miles.proxy_assets.checkpoint import ensure_checkpoint
     from miles.models.loader import load_model
 
-    model = load_model(ensure_checkpoint(family, "tiny", 0, ASSETS))
+    model = load_model(ensure_checkpoint(family, "tiny", 0, assets_dir()))
     frames = 5 if model.spec.is_video else 1
     x = torch.randn(1, *model.latent_shape(32, 32, frames), generator=torch.Generator().manual_seed(0))
     cond = model.encode_prompts(["a red cat"], None)

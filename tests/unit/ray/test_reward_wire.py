@@ -7,13 +7,9 @@ from argparse import Namespace
 import numpy as np
 import pytest
 
-from pathlib import Path
-
 from miles.ray.reward_pool import wire_sample
 from miles.rollout.rm_hub.pickscore import VIDEO_FRAMES, get_scorer, score_samples_with
 from miles.rollout.rm_hub.types import RewardSample, frame_to_pil, pick_frames
-
-ASSETS = Path("/tmp/miles-test-assets-reward-wire")
 
 
 def _video(frames: int = 9, side: int = 32, seed: int = 0) -> np.ndarray:
@@ -47,10 +43,10 @@ def test_a_reward_reading_float_pixels_gets_every_frame_in_float32():
     assert wire.image.dtype == np.float32 and np.array_equal(wire.image, sample.image)
 
 
-def test_tiny_pickscore_scores_the_uint8_wire_exactly_as_the_float_video():
+def test_tiny_pickscore_scores_the_uint8_wire_exactly_as_the_float_video(model_cache_dir):
     from miles.proxy_assets.pickscore import ensure_tiny_pickscore
 
-    scorer = get_scorer(ensure_tiny_pickscore(ASSETS))  # built once, under its file lock
+    scorer = get_scorer(ensure_tiny_pickscore(model_cache_dir))  # the one the e2e runs score with
     samples = [RewardSample(p, _video(seed=i)) for i, p in enumerate(["a red square", "a blue sky"])]
     wire = [wire_sample(Namespace(rm_type="pickscore"), s) for s in samples]
     assert score_samples_with(scorer, wire) == score_samples_with(scorer, samples)
