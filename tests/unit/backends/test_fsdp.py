@@ -11,6 +11,7 @@ import torch.multiprocessing as mp
 
 from dtype_helpers import engine_for, one_rollout, tiny_args
 from fsdp_helpers import fsdp_args
+from process_start import start_method
 from miles.utils.ports import free_ports
 from tests.tools.adam_bound import check_first_adamw_step
 
@@ -29,14 +30,14 @@ def bit_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
     return sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_two_sharded_ranks_and_two_hsdp_replicas_match_one_rank_keep_parity_exact_offload_and_resume_bit_exact(tmp_path):
+def test_two_sharded_ranks_and_two_hsdp_replicas_match_one_rank_keep_parity_exact_offload_and_resume_bit_exact(tmp_path, worker_ray):
     from miles.backends.actor import TrainRank
 
     args1, plan1 = tiny_args(tmp_path / "single", OFFLOAD)
     batch0 = one_rollout(args1, 0, engine_for(args1))
     torch.save(batch0, tmp_path / "batch0.pt")
     mp.start_processes(_run_rank, args=(free_ports(1)[0], str(tmp_path), OFFLOAD, str(tmp_path / "batch0.pt")),
-                       nprocs=2, join=True, start_method="spawn")
+                       nprocs=2, join=True, start_method=start_method(ray_ran_here=worker_ray.starts > 0))
     result = torch.load(tmp_path / "result.pt", weights_only=False)
 
     single = TrainRank(args1, plan1, 0, 1)

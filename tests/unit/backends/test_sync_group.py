@@ -8,7 +8,6 @@ and a LoRA sync must deliver to the engine exactly the bits the object-store pat
 
 from __future__ import annotations
 
-import multiprocessing
 import traceback
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from miles.backends.sync_group import SyncGroupAddress, WeightReceiver, WeightSe
 from miles.backends.weight_buckets import plan_buckets, send_buckets
 from miles.backends.weight_sync import apply_weight_update, collect_weight_updates, synced_tensors
 from miles.launcher.ray_cluster import free_ports
+from process_start import process_context
 from weight_sync_models import LoraLike, bit_equal, perturbed, state
 
 BUFFER = 512  # bytes: far below the model, so the sync takes many buckets and one oversize tensor
@@ -59,17 +59,6 @@ def engine(ports: list[int], out: Path, plans) -> None:
         receiver = WeightReceiver(address, 1, plans.get(timeout=60), {"transformer": model})
         staging = receiver.receive()
         torch.save({"peak": staging.peak, "state": state(model)}, out / f"engine_phase{phase}.pt")
-
-
-def process_context(ray_ran_here: bool):
-    """fork (fast) unless this pytest worker has run an in-process Ray driver: its threads must not
-    be forked, and some of them outlive `ray.shutdown()`, so the children then come from a clean
-    fork server (one torch import, a few seconds)."""
-    if not ray_ran_here:
-        return multiprocessing.get_context("fork")
-    ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "torch.distributed.fsdp"])
-    return ctx
 
 
 def guarded(fn, *args) -> None:
