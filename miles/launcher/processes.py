@@ -253,8 +253,10 @@ def end_marked_processes(
                 # A raylet that was still alive a moment ago may have respawned its dashboard or
                 # runtime-env agent after this scan; on a loaded machine that child shows up well
                 # after its parent is gone (seen: after a single 0.3 s look). Done only once
-                # nothing of ours has shown up for quiet_s.
-                if not _stays_quiet(token, env_name, poll, quiet_s, sessions):
+                # nothing of ours has shown up for quiet_s. When nothing of ours was alive at the
+                # first scan there is no parent to respawn anything (a launch that started nothing,
+                # the harness behind a launcher that cleaned up): done at once.
+                if seen and not _stays_quiet(token, env_name, poll, quiet_s, sessions):
                     continue
                 break
             if time.monotonic() >= deadline:

@@ -145,6 +145,26 @@ def test_a_process_that_takes_up_the_token_just_after_the_last_one_ended_is_ende
             proc.wait()
 
 
+def test_a_cleanup_that_finds_nothing_of_its_own_returns_without_waiting_the_quiet_window(monkeypatch):
+    # nothing carried the token at the first scan, so nothing can respawn: no quiet window to wait out
+    # (the harness's cleanup behind a launcher that cleaned up, a launch that started nothing)
+    from miles.launcher import processes
+
+    waited = []
+    monkeypatch.setattr(processes, "_stays_quiet", lambda *a, **k: waited.append(a) or True)
+    assert processes.end_marked_processes(new_token()) == ([], [])
+    assert waited == []
+
+    token = new_token()  # one process of its own: the window is waited out once it has ended
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=environ_with_token(token))
+    try:
+        ended, survivors = processes.end_marked_processes(token, on_poll=proc.poll)
+        assert ended == [proc.pid] and survivors == [] and len(waited) == 1
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def _leaderless_session_child(env):
     """What `ray start` leaves: a session whose leader has exited and a daemon still in it, here
     one whose environment does not show the token (as a raylet's agents were seen)."""
