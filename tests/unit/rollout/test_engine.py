@@ -1,4 +1,5 @@
 import dataclasses
+import shutil
 from types import SimpleNamespace
 
 import numpy as np
@@ -29,9 +30,22 @@ def _args(path, **kw):
     return SimpleNamespace(**{**base, **kw})
 
 
-def test_pushing_another_checkpoints_weights_makes_the_engine_sample_like_it(checkpoint):
+def _with_moved_transformer(checkpoint, out):
+    """A copy of `checkpoint` whose transformer weights are moved by seeded noise: another
+    checkpoint to push from, built without a second VAE fit (most of a tiny sd3 build)."""
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(checkpoint, out)
+    noise = torch.Generator().manual_seed(1)
+    for path in (out / "transformer").glob("*.safetensors"):
+        moved = {k: v + 0.05 * torch.randn(v.shape, generator=noise, dtype=v.dtype) for k, v in load_file(path).items()}
+        save_file(moved, path, metadata={"format": "pt"})
+    return out
+
+
+def test_pushing_another_checkpoints_weights_makes_the_engine_sample_like_it(checkpoint, tmp_path):
     engine = RolloutEngine(checkpoint("sd3", 0), PARAMS, num_threads=1)
-    other = RolloutEngine(checkpoint("sd3", 1), PARAMS, num_threads=1)
+    other = RolloutEngine(_with_moved_transformer(checkpoint("sd3", 0), tmp_path / "other"), PARAMS, num_threads=1)
     before = engine.generate(_requests(), [0, 1])
     engine.load_weights("transformer", other.model.transformers["transformer"].state_dict())
     after, want = engine.generate(_requests(), [0, 1]), other.generate(_requests(), [0, 1])
