@@ -28,6 +28,7 @@ from miles.models.registry import FamilySpec, detect_family, get_family
 from miles.models.conditioning import Conditioning
 from miles.records.checkpoint_layout import class_path, is_diffusers_library
 from miles.utils.dotted_path import DottedPathError, load_callable
+from miles.utils.import_cost import collector_paused
 from miles.diffusion_facts.families import get_family_facts
 from miles.diffusion_facts.schedule import (
     calculate_shift, edm_flow_sigmas, expert_index_for_step, flow_match_config, flow_match_sigmas,
@@ -418,6 +419,7 @@ def part_dtype(family: str, part: str, dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if get_family_facts(family).runs_in_float32(part) else dtype
 
 
+@collector_paused()  # the model libraries' lazy imports happen in here (miles.utils.import_cost)
 def load_model(path: str | Path, family: str | None = None, device: str | torch.device = "cpu",
                dtype: torch.dtype = torch.float32, *, skip: tuple[str, ...] = (),
                empty: dict[str, torch.dtype] | None = None) -> DiffusionModel:

@@ -39,8 +39,11 @@ def configure_torch(deterministic: bool = False, num_threads: int | None = None)
 
 def quiet_libraries() -> None:
     """No progress bars from diffusers/transformers: engines and tests log to files."""
-    import diffusers
-    import transformers
+    from miles.utils.import_cost import collector_paused
+
+    with collector_paused():
+        import diffusers
+        import transformers
 
     diffusers.utils.logging.disable_progress_bar()
     transformers.utils.logging.disable_progress_bar()

@@ -5,6 +5,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from miles.utils.import_cost import collector_paused
+
 
 class DottedPathError(ValueError):
     """The path is malformed, its module does not import, or it names no callable."""
@@ -26,11 +28,12 @@ def load_callable(path: str, what: str = "function") -> Any:
         module_name, attr = split_dotted_path(path)
     except DottedPathError as err:
         raise DottedPathError(f"{what} {err}") from None
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as err:
-        raise DottedPathError(f"{what} {path!r}: cannot import module {module_name!r}: {err}") from err
-    fn = getattr(module, attr, None)
+    with collector_paused():  # a model class's module imports its library's heavy half (miles.utils.import_cost)
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as err:
+            raise DottedPathError(f"{what} {path!r}: cannot import module {module_name!r}: {err}") from err
+        fn = getattr(module, attr, None)  # a lazy package imports the module here
     if not callable(fn):
         raise DottedPathError(f"{what} {path!r}: module {module_name!r} has no function {attr!r}")
     contract = RESULT_CONTRACTS.get(what)

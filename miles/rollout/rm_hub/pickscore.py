@@ -34,8 +34,11 @@ class PickScoreScorer:
 
     def __init__(self, path: str | Path, device: str | None = None, processor_path: str | Path | None = None,
                  batch_size: int = BATCH_SIZE) -> None:
-        import torch
-        from transformers import AutoTokenizer, CLIPModel
+        from miles.utils.import_cost import collector_paused
+
+        with collector_paused():
+            import torch
+            from transformers import AutoTokenizer, CLIPModel
 
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         path = Path(path)
