@@ -4,6 +4,7 @@ import os
 
 import pytest
 
+from miles.utils.import_cost import collector_paused
 from miles.utils.numerics import pin_environ, pin_this_process
 
 # The tests' own processes compute too (in-process forwards, bf16 matmuls, checkpoints): they get
@@ -22,3 +23,11 @@ def pinned_environment_kept():
     while the tests' own process computed with AVX2, and an actor-vs-local bit comparison failed."""
     yield
     pin_environ(os.environ)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_collection(session):
+    """Collection imports every test module, and through them torch and the model libraries: with
+    the cyclic collector paused meanwhile, as the model loader pauses it (miles.utils.import_cost)."""
+    with collector_paused():
+        yield
