@@ -49,7 +49,7 @@ class RayPorts:
         names = [n for n in cls.__dataclass_fields__ if n not in ("min_worker_port", "max_worker_port")]
         if gcs_port:
             names.remove("gcs_port")
-        singles = dict(zip(names, free_ports(len(names), host, avoid={gcs_port or 0}), strict=True))
+        singles = dict(zip(names, free_ports(len(names), host, avoid={gcs_port} if gcs_port else set()), strict=True))
         if gcs_port:
             singles["gcs_port"] = gcs_port
         low = free_port_range(_WORKER_PORT_COUNT, host=host, avoid=set(singles.values()))

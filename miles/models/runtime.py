@@ -6,6 +6,8 @@ import os
 
 import torch
 
+from miles.utils.import_cost import collector_paused
+
 # CPU kernels may split reductions by thread count, so engines and train ranks must use the same one
 CPU_THREADS_PER_ACTOR = 1
 
@@ -39,8 +41,6 @@ def configure_torch(deterministic: bool = False, num_threads: int | None = None)
 
 def quiet_libraries() -> None:
     """No progress bars from diffusers/transformers: engines and tests log to files."""
-    from miles.utils.import_cost import collector_paused
-
     with collector_paused():
         import diffusers
         import transformers

@@ -19,6 +19,7 @@ import numpy as np
 
 from miles.rollout.rm_hub.types import RewardSample, frame_to_pil, pick_frames
 from miles.flags.reward_names import EIGHT_BIT_FRAMES
+from miles.utils.import_cost import collector_paused
 
 # PickScore's raw logits sit near 20-23; dividing as Flow-GRPO does keeps rewards near [0, 1].
 SCORE_SCALE = 26.0
@@ -34,8 +35,6 @@ class PickScoreScorer:
 
     def __init__(self, path: str | Path, device: str | None = None, processor_path: str | Path | None = None,
                  batch_size: int = BATCH_SIZE) -> None:
-        from miles.utils.import_cost import collector_paused
-
         with collector_paused():
             import torch
             from transformers import AutoTokenizer, CLIPModel
